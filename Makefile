@@ -1,0 +1,26 @@
+# The README's first two commands. Both create .venv when it is missing and are quick when it exists.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test venv clean
+
+venv: $(STAMP)
+
+# DS_BUILD_OPS=0: DeepSpeed's CUDA ops are built just in time on a GPU node, never at install time.
+$(STAMP): setup.cfg pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -e '.[test,deepspeed]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/scale demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,36 @@
+"""The `scale` command. Each sub-command lives in scale/commands/<name>.py and is found here by its module name."""
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+
+import scale.commands
+from scale.errors import UserError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scale", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(scale.commands.__path__), key=lambda m: m.name):
+        importlib.import_module(f"scale.commands.{info.name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except UserError as err:
+        logging.getLogger("scale").debug("user error", exc_info=True)
+        print(f"scale: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("scale: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Thin command-line layers over the library: parse arguments, call one function, print its result."""

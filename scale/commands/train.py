@@ -1,0 +1,17 @@
+"""scale train RECIPE [overrides] [--run-dir DIR] [--nproc N]"""
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("train", help="train a recipe (continues an existing run directory)")
+    parser.add_argument("recipe", help="recipe name (see `scale recipes list`) or YAML path")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    parser.add_argument("--run-dir", help="run directory (default runs/<recipe>)")
+    parser.add_argument("--nproc", type=int, default=0,
+                        help="spawn this many local processes (CPU: gloo); leave unset under torchrun or srun")
+    parser.set_defaults(func=cmd_train)
+
+
+def cmd_train(args) -> int:
+    from scale.train import main
+
+    return main(args.recipe, args.overrides, run_dir=args.run_dir, nproc=args.nproc)

@@ -1,0 +1,172 @@
+"""Load a recipe: find the YAML, follow `base:` inheritance, apply `section.key=value` overrides, validate.
+
+Merging is OmegaConf's; what this module adds is the error messages: every user mistake names the file (or the
+command line), the dotted key, and what was expected.
+"""
+
+import dataclasses
+import difflib
+import os
+import re
+import typing
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from scale.config.schema import Recipe
+from scale.errors import UserError
+
+BASE_KEY = "base"
+OVERRIDE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*=")
+
+
+def recipes_dir() -> Path:
+    """recipes/ beside the package (editable install), or $SCALE_RECIPES."""
+    env = os.environ.get("SCALE_RECIPES")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "recipes"
+
+
+def recipe_path(name_or_path: str, relative_to: Path | None = None) -> Path:
+    """A recipe name (`dino/table2/vit_s16`) or a path to a YAML file."""
+    candidates = []
+    as_path = Path(name_or_path)
+    if relative_to is not None and not as_path.is_absolute():
+        candidates.append(relative_to / as_path)
+    candidates += [as_path, recipes_dir() / name_or_path, recipes_dir() / f"{name_or_path}.yaml"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise UserError(f"recipe not found: '{name_or_path}' (looked for {', '.join(str(c) for c in candidates)})")
+
+
+def recipe_name(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(recipes_dir().resolve()).with_suffix(""))
+    except ValueError:
+        return path.stem
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _field_type(dotted: str) -> Any:
+    """The annotated type of a dotted key of the schema, or None for keys inside free-form dicts."""
+    cls: Any = Recipe
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return None
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return None
+        cls = hints[part]
+    return cls
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is not None:
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
+
+
+def _check_keys(raw: dict, schema: DictConfig, where: str, prefix: str = "") -> None:
+    """Unknown keys fail naming the key, where it was and the closest valid key."""
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in schema:
+            valid = [str(k) for k in schema.keys()]
+            close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys here: {', '.join(valid)}"
+            raise UserError(f"{where}: unknown key '{dotted}'{hint}")
+        child = schema[key] if not OmegaConf.is_missing(schema, key) else None
+        if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
+            if not isinstance(value, dict):
+                raise UserError(f"{where}: '{dotted}' is a section, expected a mapping, got {value!r}")
+            _check_keys(value, child, where, dotted + ".")
+
+
+def _merge(cfg: DictConfig, raw: dict, where: str) -> DictConfig:
+    _check_keys(raw, cfg, where)
+    try:
+        return OmegaConf.merge(cfg, raw)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        expected = _field_type(key)
+        value = _lookup(raw, key)
+        want = f"expected {_type_name(expected)}" if expected is not None else "invalid value"
+        raise UserError(f"{where}: '{key}': {want}, got {value!r}") from None
+
+
+def _lookup(raw: dict, dotted: str) -> Any:
+    node: Any = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return "?"
+        node = node[part]
+    return node
+
+
+def _load_chain(path: Path, seen: tuple = ()) -> list[tuple[Path, dict]]:
+    """The recipe file and its bases, base-most first."""
+    if path in seen:
+        raise UserError(f"{path}: circular 'base:' chain: {' -> '.join(str(p) for p in seen + (path,))}")
+    raw = _read_yaml(path)
+    base = raw.pop(BASE_KEY, None)
+    chain = []
+    if base is not None:
+        if not isinstance(base, str):
+            raise UserError(f"{path}: 'base' must be a recipe name or path, got {base!r}")
+        chain = _load_chain(recipe_path(base, relative_to=path.parent), seen + (path,))
+    return chain + [(path, raw)]
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict:
+    """`section.key=value` strings to a nested dict; values are YAML (so 0.1, true, [1,2] have their types)."""
+    overrides = list(overrides)
+    for item in overrides:
+        if not OVERRIDE_RE.match(item):
+            raise UserError(f"bad override '{item}': expected section.key=value, e.g. train.epochs=100")
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(overrides))
+    except OmegaConfBaseException as err:
+        raise UserError(f"bad override: {err}") from None
+
+
+def load_recipe(name_or_path: str, overrides: Iterable[str] = ()) -> DictConfig:
+    """The resolved, validated recipe as a typed OmegaConf config."""
+    path = recipe_path(name_or_path)
+    cfg = OmegaConf.structured(Recipe)
+    for file, raw in _load_chain(path):
+        cfg = _merge(cfg, raw, str(file))
+    cfg = _merge(cfg, parse_overrides(overrides), "command line")
+    if not cfg.meta.name:
+        cfg.meta.name = recipe_name(path)
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        raise UserError(f"{path}: cannot resolve '{getattr(err, 'full_key', '?')}': {err}") from None
+    return cfg
+
+
+def from_dict(data: dict) -> DictConfig:
+    """A recipe from a plain dict (e.g. the config.yaml saved in a run directory)."""
+    return _merge(OmegaConf.structured(Recipe), data, "config")
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg)
+
+
+def list_recipes() -> list[Path]:
+    """Every recipe file except the bases under recipes/_base."""
+    root = recipes_dir()
+    return sorted(p for p in root.rglob("*.yaml") if "_base" not in p.relative_to(root).parts)

@@ -1,0 +1,26 @@
+"""What the loaders yield and the methods consume.
+
+Crops are grouped by resolution, one tensor per group, so that a backbone runs once per resolution:
+`crops[g]` has shape [views_per_group[g] * B, 3, H_g, W_g] and is view-major (rows v*B .. v*B+B-1 are view v of
+the B images). Multi-crop: group 0 = the global views, group 1.. = the local views of each local size.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Batch:
+    crops: list[torch.Tensor]
+    views_per_group: list[int]
+    labels: torch.Tensor  # [B] int64 class index (-1: unlabeled), or [B, C] float for multi-label
+    keys: list[str] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return self.crops[0].shape[0] // self.views_per_group[0]
+
+    def to(self, device: torch.device, non_blocking: bool = True) -> "Batch":
+        return Batch([c.to(device, non_blocking=non_blocking) for c in self.crops], list(self.views_per_group),
+                     self.labels.to(device, non_blocking=non_blocking), list(self.keys))

@@ -1,0 +1,39 @@
+"""The Engine contract: how a method's modules are wrapped, run in mixed precision, backpropagated and stepped.
+DDP, FSDP2 and DeepSpeed implement it; the training loop is the only caller and never branches on the kind."""
+
+import abc
+import contextlib
+from typing import Callable
+
+import torch
+
+from scale.methods.base import Method
+
+
+class Engine(abc.ABC):
+    optimizer: torch.optim.Optimizer
+
+    @abc.abstractmethod
+    def setup(self, method: Method) -> None:
+        """Move to the device, apply activation checkpointing, wrap `method.student` (and `method.teacher`, sharded
+        identically) in place, and build the optimizer over the student's parameter groups."""
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    @abc.abstractmethod
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch's loss (scaled for fp16 and gradient accumulation)."""
+
+    @abc.abstractmethod
+    def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:
+        """Clip, step the optimizer and zero the gradients; parameters for which `frozen(name)` is true get no
+        update. Returns metrics such as the gradient norm."""
+
+    @abc.abstractmethod
+    def ema(self, momentum: float) -> None:
+        """teacher = momentum * teacher + (1 - momentum) * student, over the teacher's parameters."""
+
+    @abc.abstractmethod
+    def memory(self) -> dict[str, int]:
+        """Bytes of parameters, gradients and optimizer state held by this rank."""

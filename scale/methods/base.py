@@ -1,0 +1,57 @@
+"""The Method contract: a method owns its modules (student, teacher, heads), its loss and what one step computes.
+It never imports an engine; the engine wraps `student` and `teacher` in place and steps the optimizer.
+
+Rules that keep every engine working:
+- `student` is an nn.Module whose direct children are its parts (backbone, head, projector, ...). Methods call only
+  `self.student(...)` / `self.teacher(...)`, never a part directly: under DDP or DeepSpeed the attribute holds a
+  wrapper whose forward is the only entry point that syncs gradients and gathers shards.
+- `teacher`, when there is one, is an EMA of the student: its parameter names are a subset of the student's (e.g.
+  MoCo's momentum encoder has no predictor), it has requires_grad False, and the engine shards it like the student.
+- Distributed math a loss needs (DINO's center all-reduce, MoCo's key all-gather) uses torch.distributed directly.
+"""
+
+import abc
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from scale.data.batch import Batch
+
+
+@dataclass(frozen=True)
+class StepContext:
+    step: int  # global optimizer step, 0-based
+    epoch: int
+    steps_per_epoch: int
+    total_steps: int
+
+    @property
+    def epoch_float(self) -> float:
+        return self.step / self.steps_per_epoch
+
+
+class Method(abc.ABC):
+    student: nn.Module
+    teacher: nn.Module | None = None
+
+    @abc.abstractmethod
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+        """The scalar loss of one (micro-)batch on this rank and the metrics to log."""
+
+    def ema_momentum(self, ctx: StepContext) -> float | None:
+        """Teacher EMA momentum after this step; None when there is no teacher."""
+        return None
+
+    def frozen_params(self, ctx: StepContext) -> Callable[[str], bool] | None:
+        """Which student parameters (by unwrapped name) get no update this step, e.g. DINO's last layer in the
+        first epochs; None when all are trained."""
+        return None
+
+    def state_dict(self) -> dict:
+        """Non-module state to checkpoint (DINO/EsViT centers, queues)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

@@ -1,0 +1,98 @@
+"""The run directory: config.yaml, metrics.jsonl, TensorBoard events, checkpoints/, logs/ (one log per rank)."""
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+LOG_FORMAT = "%(asctime)s [rank %(rank)d] %(levelname)s %(name)s: %(message)s"
+
+
+class RunDir:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    config = property(lambda self: self.root / "config.yaml")
+    metrics = property(lambda self: self.root / "metrics.jsonl")
+    tensorboard = property(lambda self: self.root / "tensorboard")
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    logs = property(lambda self: self.root / "logs")
+
+    def create(self) -> "RunDir":
+        for folder in (self.root, self.checkpoints, self.logs, self.tensorboard):
+            folder.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def write_config(self, cfg: DictConfig) -> None:
+        tmp = self.config.with_suffix(".yaml.tmp")
+        tmp.write_text(OmegaConf.to_yaml(cfg))
+        tmp.replace(self.config)
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
+def setup_logging(run_dir: RunDir | None, rank: int, level: int = logging.INFO) -> None:
+    """Rank 0 prints progress; every rank prints its warnings and errors with its rank, and logs everything to
+    logs/rank{N}.log."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(level)
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(level if rank == 0 else logging.WARNING)
+    console.setFormatter(logging.Formatter(LOG_FORMAT, "%H:%M:%S"))
+    handlers: list[logging.Handler] = [console]
+    if run_dir is not None:
+        run_dir.logs.mkdir(parents=True, exist_ok=True)
+        file = logging.FileHandler(run_dir.logs / f"rank{rank}.log")
+        file.setFormatter(logging.Formatter(LOG_FORMAT))
+        handlers.append(file)
+    for handler in handlers:
+        handler.addFilter(_RankFilter(rank))
+        root.addHandler(handler)
+
+
+class MetricsWriter:
+    """Rank 0 appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard."""
+
+    def __init__(self, run_dir: RunDir, enabled: bool):
+        self.enabled = enabled
+        self._file = open(run_dir.metrics, "a") if enabled else None
+        self._tb = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(run_dir.tensorboard))
+
+    def write(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "time": time.time(), **metrics}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)):
+                self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._file.close()
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
