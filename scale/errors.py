@@ -10,3 +10,9 @@ class UserError(Exception):
 # Exit status of a run that checkpointed on a preemption signal and wants to be requeued (the Slurm template
 # requeues on it); distinct from 0 (finished), 1 (crashed) and 2 (user error).
 PREEMPTED_EXIT_CODE = 3
+
+
+class NonFiniteLoss(UserError):
+    """The loss became NaN or infinite; the run stops before the optimizer step so the last checkpoint is clean."""
+
+    exit_code = 1

@@ -24,3 +24,22 @@ class Batch:
     def to(self, device: torch.device, non_blocking: bool = True) -> "Batch":
         return Batch([c.to(device, non_blocking=non_blocking) for c in self.crops], list(self.views_per_group),
                      self.labels.to(device, non_blocking=non_blocking), list(self.keys))
+
+
+def split_batch(batch: Batch, parts: int) -> list[Batch]:
+    """Split along the images (not the views) into `parts` micro-batches, keeping the view-major layout."""
+    if parts == 1:
+        return [batch]
+    size = batch.batch_size
+    if size % parts:
+        raise ValueError(f"per-rank batch {size} is not divisible by {parts} micro-batches")
+    chunk = size // parts
+    micro = []
+    for i in range(parts):
+        crops = []
+        for group, views in zip(batch.crops, batch.views_per_group):
+            per_view = group.view(views, size, *group.shape[1:])[:, i * chunk:(i + 1) * chunk]
+            crops.append(per_view.reshape(views * chunk, *group.shape[1:]))
+        micro.append(Batch(crops, list(batch.views_per_group), batch.labels[i * chunk:(i + 1) * chunk],
+                           batch.keys[i * chunk:(i + 1) * chunk]))
+    return micro

@@ -37,3 +37,22 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def memory(self) -> dict[str, int]:
         """Bytes of parameters, gradients and optimizer state held by this rank."""
+
+    # --- checkpointing (used by scale/checkpoint) ---
+    # Engines whose state goes through torch.distributed.checkpoint (DDP, FSDP2) return DCP-ready nested dicts
+    # here (torch.distributed.checkpoint.state_dict.get_state_dict / set_state_dict), keyed "student", "teacher",
+    # "optimizer". DeepSpeed writes its own files instead: it sets native_checkpoint = True and implements
+    # save_native(folder) / load_native(folder).
+    native_checkpoint: bool = False
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError(f"{type(self).__name__} checkpoints natively: use save_native")
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError(f"{type(self).__name__} checkpoints natively: use load_native")
+
+    def save_native(self, folder) -> None:
+        raise NotImplementedError(f"{type(self).__name__} checkpoints through DCP: use state_dict")
+
+    def load_native(self, folder) -> None:
+        raise NotImplementedError(f"{type(self).__name__} checkpoints through DCP: use load_state_dict")

@@ -1,0 +1,152 @@
+"""Save and resume everything a run needs: engine state (student, teacher, optimizer, loss scaler), method state
+(centers, queues), the loader's global sample position, the step, and every rank's RNG.
+
+DDP and FSDP2 go through torch.distributed.checkpoint (sharded files, loadable on another world size); DeepSpeed
+writes its own files. Either way the step directory is sealed by CheckpointStore, so a kill mid-write is harmless.
+"""
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from omegaconf import DictConfig
+
+from scale.checkpoint import rng
+from scale.checkpoint.store import CheckpointStore, step_name
+from scale.engine.dist import DistInfo
+from scale.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _broadcast(value):
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class Checkpointer:
+    def __init__(self, root: Path, cfg: DictConfig, info: DistInfo, engine, method, loader):
+        self.store = CheckpointStore(root)
+        self.cfg, self.info, self.engine, self.method, self.loader = cfg, info, engine, method, loader
+        self._pending = None  # (step, future, meta) of an async save not yet sealed
+        self.last_save_stall_s = 0.0
+
+    def has(self, step: int) -> bool:
+        return (self.store.root / step_name(step)).is_dir() or (self._pending is not None and self._pending[0] == step)
+
+    # --- saving ---
+
+    def _run_state(self, step: int) -> dict:
+        return {"step": step, "method": self.method.state_dict(), "loader": self.loader.state_dict()}
+
+    def save(self, step: int) -> None:
+        """Collective: every rank calls it at the same step."""
+        started = time.perf_counter()
+        self.wait()
+        staging = self.store.staging_dir(step)
+        if self.info.is_main:
+            self.store.prepare(step)
+        _barrier()
+        meta = {"epoch": step // max(self.loader.steps_per_epoch, 1), "engine": self.cfg.engine.kind,
+                "world_size": self.info.world_size, "recipe": self.cfg.meta.name,
+                "samples_seen": self.loader.state_dict().get("samples_seen")}
+        (staging / "rng").mkdir(exist_ok=True)
+        torch.save(rng.capture(), staging / "rng" / f"rank{self.info.rank}.pt")
+        if self.engine.native_checkpoint:
+            self.engine.save_native(staging / "engine")
+            if self.info.is_main:
+                torch.save(self._run_state(step), staging / "run_state.pt")
+            self._seal(step, meta)
+        elif self.cfg.train.async_save:
+            future = dcp.async_save({"engine": self.engine.state_dict(), "run": self._run_state(step)},
+                                    checkpoint_id=str(staging / "dcp"))
+            self._pending = (step, future, meta)
+        else:
+            dcp.save({"engine": self.engine.state_dict(), "run": self._run_state(step)},
+                     checkpoint_id=str(staging / "dcp"))
+            self._seal(step, meta)
+        self.last_save_stall_s = time.perf_counter() - started
+
+    def wait(self) -> None:
+        """Finish and seal an async save still in flight."""
+        if self._pending is None:
+            return
+        step, future, meta = self._pending
+        self._pending = None
+        future.result()
+        self._seal(step, meta)
+
+    def _seal(self, step: int, meta: dict) -> None:
+        _barrier()  # every rank's files are on disk
+        if self.info.is_main:
+            final = self.store.commit(step, meta)
+            removed = self.store.retain(self.cfg.train.keep_last, self.cfg.train.keep_every)
+            log.info("checkpoint %s%s", final, f" (removed {len(removed)} old)" if removed else "")
+        _barrier()
+
+    def close(self) -> None:
+        self.wait()
+
+    # --- resuming ---
+
+    def resume(self) -> int:
+        """Load the newest complete checkpoint (skipping damaged ones with a warning); the step to continue from."""
+        folders = _broadcast([str(p) for p in self.store.candidates()] if self.info.is_main else None)
+        for folder in map(Path, folders):
+            try:
+                step = self.load(folder)
+            except Exception as err:  # a damaged checkpoint must not end the run while an older one exists
+                if isinstance(err, UserError):
+                    raise
+                log.warning("could not load checkpoint %s (%s: %s); trying the previous one",
+                            folder, type(err).__name__, err)
+                continue
+            log.info("resumed from %s at step %d", folder, step)
+            return step
+        return 0
+
+    def load(self, folder: Path) -> int:
+        meta = self.store.read_meta(folder)
+        if meta["engine"] != self.cfg.engine.kind:
+            raise UserError(f"{folder} was written by engine '{meta['engine']}', this run uses "
+                            f"'{self.cfg.engine.kind}': resume with engine.kind={meta['engine']}")
+        if self.engine.native_checkpoint:
+            self._check_native_world_size(folder, meta)
+            self.engine.load_native(folder / "engine")
+            run_state = torch.load(folder / "run_state.pt", weights_only=True)
+        else:
+            state = {"engine": self.engine.state_dict(), "run": self._run_state(0)}
+            dcp.load(state, checkpoint_id=str(folder / "dcp"))
+            self.engine.load_state_dict(state["engine"])
+            run_state = state["run"]
+        self.method.load_state_dict(run_state["method"])
+        self.loader.load_state_dict(run_state["loader"])
+        self._restore_rng(folder, meta)
+        return int(run_state["step"])
+
+    def _check_native_world_size(self, folder: Path, meta: dict) -> None:
+        if meta["world_size"] != self.info.world_size:
+            raise UserError(
+                f"{folder}: a DeepSpeed checkpoint from {meta['world_size']} ranks cannot be loaded on "
+                f"{self.info.world_size}. Resume on {meta['world_size']} ranks, or convert it with "
+                f"`scale ckpt universal {folder}` (DeepSpeed universal checkpoint) first.")
+
+    def _restore_rng(self, folder: Path, meta: dict) -> None:
+        own = folder / "rng" / f"rank{self.info.rank}.pt"
+        if meta["world_size"] == self.info.world_size and own.exists():
+            rng.restore(torch.load(own, weights_only=True))
+        else:  # another world size: fresh, reproducible streams per rank, distinct from the first run's
+            from scale.engine.dist import seed_everything
+
+            seed_everything(self.cfg.train.seed + 1_000_003 * (1 + int(meta["step"])), self.info.rank)

@@ -1,0 +1,137 @@
+"""Checkpoint directories on disk: atomic commit, the `latest` pointer, retention, finding the newest good one.
+
+Layout: checkpoints/step_000001234/ (whatever the engine writes + rng/ + meta.json) and checkpoints/latest (a text
+file naming the newest step directory). A step directory is written under a `.tmp-` name and renamed when complete;
+meta.json (with every file's size) is written before the rename, and `latest` is replaced last. A kill at any
+moment therefore leaves the previous checkpoint loadable, and a partial or damaged directory is detectable.
+"""
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+META = "meta.json"
+LATEST = "latest"
+TMP_PREFIX = ".tmp-"
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:09d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def file_sizes(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != META}
+
+
+class CheckpointStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def staging_dir(self, step: int) -> Path:
+        return self.root / f"{TMP_PREFIX}{step_name(step)}"
+
+    def prepare(self, step: int) -> Path:
+        """A fresh staging directory for this step (called on one rank; leftovers of a killed write go)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(f"{TMP_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = self.staging_dir(step)
+        staging.mkdir(parents=True)
+        return staging
+
+    def commit(self, step: int, meta: dict) -> Path:
+        """Seal the staging directory: meta.json with file sizes, rename, then move `latest`."""
+        staging = self.staging_dir(step)
+        meta = {**meta, "step": step, "saved_at": time.time(), "files": file_sizes(staging), "complete": True}
+        _write_atomic(staging / META, json.dumps(meta, indent=2))
+        final = self.root / step_name(step)
+        if final.exists():  # a re-save of the same step (e.g. preemption right after a periodic save)
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        _fsync_dir(self.root)
+        _write_atomic(self.root / LATEST, final.name + "\n")
+        return final
+
+    def step_dirs(self) -> list[Path]:
+        return sorted((p for p in self.root.glob("step_*") if p.is_dir()), reverse=True)
+
+    @staticmethod
+    def problem(folder: Path) -> str | None:
+        """Why a step directory cannot be loaded, or None when it looks complete."""
+        meta_path = folder / META
+        if not meta_path.is_file():
+            return "no meta.json (partial write)"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as err:
+            return f"meta.json unreadable ({err})"
+        if not meta.get("complete"):
+            return "not marked complete"
+        actual = file_sizes(folder)
+        for name, size in meta.get("files", {}).items():
+            if actual.get(name) != size:
+                return f"file {name} is {actual.get(name, 'missing')} bytes, expected {size}"
+        return None
+
+    def candidates(self) -> list[Path]:
+        """Complete step directories, newest first; damaged ones are skipped with a warning naming them."""
+        good = []
+        for folder in self.step_dirs():
+            reason = self.problem(folder)
+            if reason:
+                log.warning("skipping checkpoint %s: %s", folder, reason)
+            else:
+                good.append(folder)
+        return good
+
+    def read_meta(self, folder: Path) -> dict:
+        return json.loads((folder / META).read_text())
+
+    def retain(self, keep_last: int, keep_every: int) -> list[Path]:
+        """Delete all but the newest `keep_last` and every `keep_every`-th step; returns what was deleted."""
+        doomed = []
+        for index, folder in enumerate(self.step_dirs()):
+            step = int(folder.name.split("_")[1])
+            if index < max(keep_last, 1) or (keep_every and step % keep_every == 0):
+                continue
+            doomed.append(folder)
+        for folder in doomed:
+            shutil.rmtree(folder, ignore_errors=True)
+        return doomed
+
+
+def resolve(path: str | Path) -> Path:
+    """A run directory, its checkpoints/ folder, or a step directory -> the newest complete step directory."""
+    path = Path(path)
+    if (path / META).is_file():
+        return path
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    found = CheckpointStore(root).candidates()
+    if not found:
+        from scale.errors import UserError
+
+        raise UserError(f"no complete checkpoint under {path}")
+    return found[0]

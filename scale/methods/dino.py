@@ -1,0 +1,148 @@
+"""DINO [Caron et al. 2021]: self-distillation of a momentum teacher into a student over multi-crop views.
+
+Loss = mean over the pairs (teacher global view i, student view v != i) of
+    H(P_t^i, P_s^v) = -sum_k softmax((t_i - c) / T_t)_k * log_softmax(s_v / T_s)_k      (paper Eq. 1-3)
+with the center c an EMA (0.9) of the teacher outputs of the global batch. The variants of Table 7 (no momentum,
+Sinkhorn-Knopp, no multi-crop through the views config, MSE, predictor) are options of `DinoConfig`.
+"""
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scale import schedules
+from scale.data.batch import Batch
+from scale.methods import distributed
+from scale.methods.base import Method, StepContext
+from scale.methods.nets import MultiCropNet, init_teacher
+from scale.methods.sinkhorn import sinkhorn_knopp
+from scale.models.heads import DinoHead
+
+BackboneFn = Callable[..., nn.Module]  # backbone_fn(drop_path=None) -> a fresh backbone
+
+
+def teacher_probs(teacher_logits: torch.Tensor, center: torch.Tensor | None, temp: float,
+                  sinkhorn_iters: int = 0) -> torch.Tensor:
+    """Targets: softmax((t - c) / T_t) (centering and sharpening) or, with `sinkhorn_iters` > 0, Sinkhorn-Knopp
+    assignments of t / T_t (Table 7 row 3)."""
+    if sinkhorn_iters > 0:
+        return sinkhorn_knopp(teacher_logits, temp, sinkhorn_iters)
+    return F.softmax((teacher_logits.float() - center) / temp, dim=-1)
+
+
+def pair_mask(teacher_views: int, student_views: int, device=None) -> torch.Tensor:
+    """[V_t, V_s] True for the pairs DINO uses: every student view except the teacher view itself (the global
+    views come first in the student's view order)."""
+    mask = torch.ones(teacher_views, student_views, dtype=torch.bool, device=device)
+    idx = torch.arange(min(teacher_views, student_views), device=device)
+    mask[idx, idx] = False
+    return mask
+
+
+def cross_entropy_pairs(student_logits: torch.Tensor, targets: torch.Tensor, student_temp: float,
+                        teacher_views: int, student_views: int) -> torch.Tensor:
+    """Mean over pairs (i, v != i) of the batch-mean cross-entropy -sum_k P_t^i log P_s^v.
+    student_logits [V_s*B, K], targets [V_t*B, K], both view-major."""
+    log_ps = F.log_softmax(student_logits.float() / student_temp, dim=-1).unflatten(0, (student_views, -1))
+    pt = targets.unflatten(0, (teacher_views, -1))
+    batch = pt.shape[1]
+    ce = -torch.einsum("tbk,sbk->ts", pt, log_ps) / batch  # [V_t, V_s]
+    mask = pair_mask(teacher_views, student_views, ce.device)
+    return ce[mask].mean()
+
+
+def mse_pairs(student_logits: torch.Tensor, targets: torch.Tensor, student_temp: float,
+              teacher_views: int, student_views: int) -> torch.Tensor:
+    """Table 7 row 5: the cross-entropy replaced by the squared error sum_k (P_t^i - P_s^v)^2, same pairs. (The
+    paper does not spell out the MSE; this keeps everything else of DINO, including the temperatures.)"""
+    ps = F.softmax(student_logits.float() / student_temp, dim=-1).unflatten(0, (student_views, -1))
+    pt = targets.unflatten(0, (teacher_views, -1))
+    mask = pair_mask(teacher_views, student_views, ps.device)
+    terms = [((pt[i] - ps[v]) ** 2).sum(-1).mean() for i, v in mask.nonzero().tolist()]
+    return torch.stack(terms).mean()
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of h(P) = -sum_k P_k log P_k (DINO Fig. 7, left)."""
+    return -(probs * torch.log(probs.clamp_min(1e-12))).sum(-1).mean()
+
+
+@torch.no_grad()
+def updated_center(center: torch.Tensor, teacher_logits: torch.Tensor, momentum: float) -> torch.Tensor:
+    """EMA of the mean teacher output over the global batch (all ranks)."""
+    batch_mean = distributed.all_reduce_mean(teacher_logits.float().mean(dim=0, keepdim=True))
+    return center * momentum + batch_mean * (1 - momentum)
+
+
+class Dino(Method):
+    def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: BackboneFn):
+        self.cfg = dc = cfg.method.dino
+        if dc.teacher not in ("ema", "copy"):
+            raise ValueError(f"method.dino.teacher: expected ema or copy, got '{dc.teacher}'")
+        if dc.centering not in ("center", "sinkhorn"):
+            raise ValueError(f"method.dino.centering: expected center or sinkhorn, got '{dc.centering}'")
+        if dc.loss not in ("ce", "mse"):
+            raise ValueError(f"method.dino.loss: expected ce or mse, got '{dc.loss}'")
+        self.student = self._build(backbone_fn(), norm_last_layer=dc.norm_last_layer, predictor=dc.predictor)
+        self.teacher = init_teacher(self._build(backbone_fn(drop_path=0.0), norm_last_layer=dc.norm_last_layer,
+                                                predictor=False), self.student)
+        epochs = math.ceil(total_steps / steps_per_epoch)
+        self.momentum = schedules.cosine(dc.momentum_teacher, 1.0, total_steps)
+        self.teacher_temp = schedules.teacher_temperature(dc.warmup_teacher_temp, dc.teacher_temp,
+                                                          dc.warmup_teacher_temp_epochs, epochs)
+        self.center: torch.Tensor | None = None
+
+    def _head(self, in_dim: int, norm_last_layer: bool, predictor: bool) -> DinoHead:
+        dc = self.cfg
+        return DinoHead(in_dim, dc.out_dim, dc.hidden_dim, dc.bottleneck_dim, dc.head_layers, dc.use_bn_in_head,
+                        norm_last_layer, predictor)
+
+    def _build(self, backbone: nn.Module, norm_last_layer: bool, predictor: bool) -> MultiCropNet:
+        return MultiCropNet(backbone, self._head(backbone.embed_dim, norm_last_layer, predictor))
+
+    def temperature(self, ctx: StepContext) -> float:
+        return float(self.teacher_temp[min(ctx.epoch, len(self.teacher_temp) - 1)])
+
+    def _targets(self, teacher_logits: torch.Tensor, center: torch.Tensor | None, temp: float) -> torch.Tensor:
+        iters = self.cfg.sinkhorn_iters if self.cfg.centering == "sinkhorn" else 0
+        return teacher_probs(teacher_logits, center, temp, iters)
+
+    def view_loss(self, student_logits, teacher_logits, temp, n_teacher, n_student) -> tuple[torch.Tensor, dict]:
+        if self.center is None:
+            self.center = torch.zeros(1, teacher_logits.shape[-1], device=teacher_logits.device)
+        targets = self._targets(teacher_logits, self.center, temp)
+        ce = cross_entropy_pairs(student_logits, targets, self.cfg.student_temp, n_teacher, n_student)
+        if self.cfg.loss == "mse":
+            loss = mse_pairs(student_logits, targets, self.cfg.student_temp, n_teacher, n_student)
+        else:
+            loss = ce
+        h = entropy(targets)
+        self.center = updated_center(self.center, teacher_logits, self.cfg.center_momentum)
+        # H(P_t, P_s) = h(P_t) + KL(P_t || P_s) (paper Eq. 5); every teacher view is in the same number of pairs
+        return loss, {"teacher_entropy": h.item(), "teacher_student_kl": (ce.detach() - h).item()}
+
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+        n_teacher, n_student = batch.views_per_group[0], sum(batch.views_per_group)
+        with torch.no_grad():
+            teacher_logits = self.teacher(batch.crops[:1], region=False)["logits"]
+        student_logits = self.student(batch.crops, region=False)["logits"]
+        loss, metrics = self.view_loss(student_logits, teacher_logits, self.temperature(ctx), n_teacher, n_student)
+        return loss, {"loss": loss.item(), "teacher_temp": self.temperature(ctx), **metrics}
+
+    def ema_momentum(self, ctx: StepContext) -> float:
+        return 0.0 if self.cfg.teacher == "copy" else self.momentum(ctx.step)
+
+    def frozen_params(self, ctx: StepContext) -> Callable[[str], bool] | None:
+        if ctx.epoch < self.cfg.freeze_last_layer:
+            return lambda name: "last_layer" in name
+        return None
+
+    def state_dict(self) -> dict:
+        return {} if self.center is None else {"center": self.center.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "center" in state:
+            self.center = state["center"].clone()

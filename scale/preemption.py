@@ -1,0 +1,36 @@
+"""Preemption: a signal (SIGTERM, SIGUSR1, ...) sets a flag; at a step boundary all ranks agree to stop, the loop
+saves a checkpoint and exits with PREEMPTED_EXIT_CODE so the Slurm wrapper requeues the job."""
+
+import logging
+import signal
+
+import torch
+import torch.distributed as dist
+
+from scale.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class Preemption:
+    def __init__(self, signal_names: list[str]):
+        self.received: str | None = None
+        for name in signal_names:
+            sig = getattr(signal, name, None)
+            if not isinstance(sig, signal.Signals):
+                raise UserError(f"train.preempt_signals: unknown signal '{name}' (e.g. SIGTERM, SIGUSR1)")
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def requested(self) -> bool:
+        """True on every rank as soon as any rank received a signal (one tiny all-reduce per call)."""
+        flag = torch.tensor([1 if self.received else 0], dtype=torch.int32)
+        if dist.is_initialized():
+            if dist.get_backend() == "nccl":
+                flag = flag.cuda()
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and self.received:
+            log.warning("received %s: checkpointing and exiting for requeue", self.received)
+        return bool(flag.item())

@@ -1,0 +1,159 @@
+"""The training loop: the only place that sees the data, the method, the engine and the checkpoints together."""
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from scale.checkpoint import Checkpointer
+from scale.config import load_recipe
+from scale.config.load import from_dict
+from scale.data import build_loader
+from scale.data.batch import split_batch
+from scale.engine import build_engine
+from scale.engine.dist import DistInfo, init_distributed, seed_everything, shutdown
+from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
+from scale.launch.local import already_launched, spawn
+from scale.methods import build_method
+from scale.methods.base import StepContext
+from scale.optim import apply_schedule
+from scale.preemption import Preemption
+from scale.progress import progress_bar
+from scale.resume import check_compatible
+from scale.rundir import MetricsWriter, RunDir, setup_logging
+from scale.schedules import training_schedules
+
+log = logging.getLogger(__name__)
+
+
+def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: int = 0) -> int:
+    cfg = load_recipe(recipe, overrides)  # validate before spawning anything
+    run = RunDir(run_dir or Path("runs") / cfg.meta.name)
+    if nproc > 1 and not already_launched():
+        return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root)])
+    info, device = init_distributed()
+    try:
+        return Trainer(cfg, run, info, device).fit()
+    finally:
+        shutdown()
+
+
+def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> None:
+    """Rank 0 checks that an existing run can continue with this config, then (re)writes config.yaml."""
+    if info.is_main:
+        if run.config.exists():
+            check_compatible(from_dict(OmegaConf.to_container(OmegaConf.load(run.config))), cfg, str(run.root))
+        run.create()
+        run.write_config(cfg)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, run: RunDir, info: DistInfo, device: torch.device):
+        self.cfg, self.run, self.info, self.device = cfg, run, info, device
+        prepare_run_dir(cfg, run, info)
+        setup_logging(run, info.rank)
+        seed_everything(cfg.train.seed, info.rank)
+        self.loader = build_loader(cfg.data, "train", cfg.train.global_batch, info.rank, info.world_size,
+                                   seed=cfg.train.seed, samples_per_epoch=cfg.train.samples_per_epoch)
+        self.steps_per_epoch = self.loader.steps_per_epoch
+        self.total_steps = cfg.train.epochs * self.steps_per_epoch
+        self.method = build_method(cfg, self.steps_per_epoch, self.total_steps)
+        self.engine = build_engine(cfg.engine, cfg.optim, info, device)
+        self.engine.setup(self.method)
+        self.schedules = training_schedules(cfg, self.steps_per_epoch, self.total_steps)
+        self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, self.method, self.loader)
+        self.metrics = MetricsWriter(run, info.is_main)
+        self.preemption = Preemption(list(cfg.train.preempt_signals))
+
+    def ckpt_every(self) -> int:
+        return self.cfg.train.ckpt_every_steps or self.steps_per_epoch
+
+    def stop_step(self) -> int:
+        max_steps = self.cfg.train.max_steps
+        return self.total_steps if max_steps is None else min(self.total_steps, max_steps)
+
+    def fit(self) -> int:
+        start = self.checkpointer.resume()
+        stop = self.stop_step()
+        log.info("training %s: steps %d..%d of %d (%d per epoch), world size %d, engine %s",
+                 self.cfg.meta.name, start, stop, self.total_steps, self.steps_per_epoch, self.info.world_size,
+                 self.cfg.engine.kind)
+        batches = iter(self.loader)
+        bar = progress_bar(total=stop, initial=start, enabled=self.info.is_main, desc="train")
+        try:
+            for step in range(start, stop):
+                batch, data_wait = self._next_batch(batches)
+                record = self.train_step(step, batch)
+                record["data_wait_s"] = data_wait
+                self._log(step, record)
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['loss']:.4f}")
+                done = step + 1
+                if self.preemption.requested():
+                    self.checkpointer.save(done)
+                    return PREEMPTED_EXIT_CODE
+                if done % self.ckpt_every() == 0 and done != stop:
+                    self.checkpointer.save(done)
+            if start < stop or not self.checkpointer.has(stop):
+                self.checkpointer.save(stop)
+        finally:
+            bar.close()
+            self.metrics.close()
+            self.checkpointer.close()
+        log.info("finished at step %d; run directory %s", stop, self.run.root)
+        return 0
+
+    def _next_batch(self, batches):
+        start = time.perf_counter()
+        batch = next(batches)
+        batch = batch.to(self.device)
+        return batch, time.perf_counter() - start
+
+    def train_step(self, step: int, batch) -> dict:
+        ctx = StepContext(step=step, epoch=step // self.steps_per_epoch, steps_per_epoch=self.steps_per_epoch,
+                          total_steps=self.total_steps)
+        lr, wd = self.schedules.lr[step], self.schedules.weight_decay[step]
+        apply_schedule(self.engine.optimizer.param_groups, lr, wd)
+        started = time.perf_counter()
+        totals: dict[str, float] = {}
+        micro_batches = split_batch(batch, self.cfg.engine.grad_accum)
+        for micro in micro_batches:
+            with self.engine.autocast():
+                loss, metrics = self.method.loss(micro, ctx)
+            self._check_finite(loss, step, micro)
+            self.engine.backward(loss)
+            for key, value in {"loss": loss.item(), **metrics}.items():
+                totals[key] = totals.get(key, 0.0) + float(value) / len(micro_batches)
+        totals.update(self.engine.step(self.method.frozen_params(ctx)))
+        momentum = self.method.ema_momentum(ctx)
+        if momentum is not None:
+            self.engine.ema(momentum)
+        step_time = time.perf_counter() - started
+        return {**totals, "lr": lr, "weight_decay": wd, "epoch": ctx.epoch, "step_time_s": step_time,
+                "images_per_s": self.cfg.train.global_batch / step_time,
+                **({"teacher_momentum": momentum} if momentum is not None else {})}
+
+    def _check_finite(self, loss: torch.Tensor, step: int, batch) -> None:
+        """Every rank learns whether any rank's loss is non-finite, before any update is applied."""
+        bad = torch.tensor([0.0 if math.isfinite(loss.item()) else 1.0], device=self.device)
+        if dist.is_initialized():
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item():
+            keys = ", ".join(batch.keys[:4]) + (" ..." if len(batch.keys) > 4 else "")
+            raise NonFiniteLoss(
+                f"non-finite loss at step {step} (rank {self.info.rank}: {loss.item()}; samples {keys}). Nothing "
+                f"was updated; the last checkpoint in {self.run.checkpoints} is clean. See README "
+                f"'Troubleshooting: NaN loss' (fp16 with small patches, lr, teacher temperature).")
+
+    def _log(self, step: int, record: dict) -> None:
+        every = self.cfg.train.log_every
+        if (step + 1) % every and step + 1 != self.stop_step() and step != 0:
+            return
+        record.update(self.loader.metrics())
+        self.metrics.write(step + 1, record)
