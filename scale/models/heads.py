@@ -22,8 +22,13 @@ class WeightNormLinear(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, fix_norm: bool = True):
         super().__init__()
         self.weight_v = nn.Parameter(torch.empty(out_dim, in_dim))
+        self.weight_g = nn.Parameter(torch.empty(out_dim, 1), requires_grad=not fix_norm)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
         nn.init.kaiming_uniform_(self.weight_v, a=5 ** 0.5)  # nn.Linear's default init, as in the official head
-        self.weight_g = nn.Parameter(torch.ones(out_dim, 1), requires_grad=not fix_norm)
+        self.weight_g.fill_(1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight_g * F.normalize(self.weight_v, dim=1)
@@ -51,8 +56,13 @@ class DinoHead(nn.Module):
             self.mlp = nn.Sequential(*layers)
         self.predictor = (nn.Sequential(nn.Linear(bottleneck_dim, hidden_dim), nn.GELU(),
                                         nn.Linear(hidden_dim, bottleneck_dim)) if predictor else None)
-        self.apply(_trunc_normal_init)
         self.last_layer = WeightNormLinear(bottleneck_dim, out_dim, fix_norm=norm_last_layer)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """The official init (trunc-normal 0.02 MLP, default last layer with g = 1); also after `to_empty`."""
+        self.apply(_trunc_normal_init)
+        self.last_layer.reset_parameters()
 
     def bottleneck(self, x: torch.Tensor) -> torch.Tensor:
         x = self.mlp(x)
@@ -96,6 +106,13 @@ def moco_predictor(resnet: bool, dim: int = 256, mlp_dim: int = 4096, bn: bool =
     """2 layers 256 -> 4096 -> 256; the last BN is used for ViT and not for ResNet-50 (official code)."""
     use_last_bn = (not resnet) if last_bn is None else last_bn
     return moco_mlp(num_layers, dim, mlp_dim, dim, bn=bn, last_bn=use_last_bn)
+
+
+class LinearClassifier(nn.Linear):
+    """The supervised classifier, trunc-normal(0.02) weights and zero bias (DeiT), also when re-initialised."""
+
+    def reset_parameters(self) -> None:
+        _trunc_normal_init(self)
 
 
 class DrlocHead(nn.Module):

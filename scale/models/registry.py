@@ -1,0 +1,37 @@
+"""Backbones by name: `register(name)` decorates a factory `(model_cfg, drop_path) -> nn.Module`."""
+
+from contextlib import nullcontext
+from typing import Callable, Dict, List, Optional, Union
+
+import torch
+from torch import nn
+
+from scale.errors import UserError
+
+_FACTORIES: Dict[str, Callable] = {}
+
+
+def register(name: str) -> Callable:
+    def decorate(factory: Callable) -> Callable:
+        if name in _FACTORIES:
+            raise ValueError(f"backbone '{name}' registered twice")
+        _FACTORIES[name] = factory
+        return factory
+    return decorate
+
+
+def available() -> List[str]:
+    return sorted(_FACTORIES)
+
+
+def build_backbone(model_cfg, *, drop_path: Optional[float] = None,
+                   device: Union[str, torch.device, None] = None) -> nn.Module:
+    """Build `model_cfg.name`. `drop_path` overrides the recipe (teachers use 0.0); `device="meta"` allocates
+    nothing (initialise after materialising with `scale.models.init_weights`)."""
+    factory = _FACTORIES.get(model_cfg.name)
+    if factory is None:
+        raise UserError(f"model.name: unknown backbone '{model_cfg.name}'; available: {', '.join(available())}")
+    rate = model_cfg.drop_path if drop_path is None else drop_path
+    # the default-device context also covers tensors timm creates without a device argument
+    with torch.device(device) if device is not None else nullcontext():
+        return factory(model_cfg, drop_path=rate)

@@ -1,0 +1,163 @@
+"""ViT backbones of DINO and MoCo v3: timm's VisionTransformer plus the papers' options.
+
+- learned position embeddings resized bicubically to every input grid (DINO's 96 px locals, ViT-L/7 at 98 px);
+- MoCo v3's fixed 2-D sin-cos embedding, frozen random patch projection, class token vs. global average pooling
+  with or without the final LayerNorm, and ViT-BN (BatchNorm instead of LayerNorm before each block's MLP).
+"""
+
+import math
+from typing import Dict, List, Tuple
+
+import torch
+from torch import nn
+from timm.models.vision_transformer import Block, VisionTransformer
+
+from scale.errors import UserError
+from scale.models.pos_embed import resize_grid_embed, sincos_2d
+from scale.models.registry import register
+
+# name: (embed_dim, depth, num_heads, default patch size); ViT-S has DeiT's 6 heads (MoCo v3 sets num_heads: 12)
+SIZES = {
+    "nano": (64, 3, 4, 8),  # tests and the CPU demo (32-64 px images)
+    "tiny": (192, 12, 3, 16),
+    "small": (384, 12, 6, 16),
+    "base": (768, 12, 12, 16),
+    "large": (1024, 24, 16, 16),
+    "huge": (1280, 32, 16, 14),
+}
+POS_EMBEDS = ("learned", "sincos", "none")
+POOLINGS = ("cls", "avg")
+INIT_MODES = ("", "moco")
+
+
+class TokenBatchNorm(nn.Module):
+    """BatchNorm over all tokens of [B, N, D] (ViT-BN). A wrapped BatchNorm1d, so SyncBN conversion keeps working."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(x.transpose(1, 2)).transpose(1, 2)
+
+
+class BNMlpBlock(Block):
+    """MoCo v3's ViT-BN block: BN replaces the LayerNorm in front of the MLP; attention keeps its LayerNorm."""
+
+    def __init__(self, dim: int, **kwargs):
+        super().__init__(dim, **kwargs)
+        self.norm2 = TokenBatchNorm(dim)
+
+
+class ViT(VisionTransformer):
+    def __init__(self, *, embed_dim: int, depth: int, num_heads: int, patch_size: int, img_size: int,
+                 drop_path: float, pos_embed: str = "learned", frozen_patch_embed: bool = False,
+                 pooling: str = "cls", final_norm: bool = True, bn_mlp: bool = False, weight_init: str = ""):
+        _check_choice("model.pos_embed", pos_embed, POS_EMBEDS)
+        _check_choice("model.pooling", pooling, POOLINGS)
+        _check_choice("model.weight_init", weight_init, INIT_MODES)
+        if img_size % patch_size:
+            raise UserError(f"model.img_size {img_size} is not a multiple of model.patch_size {patch_size}")
+        super().__init__(
+            img_size=img_size, patch_size=patch_size, num_classes=0, global_pool="", embed_dim=embed_dim,
+            depth=depth, num_heads=num_heads, qkv_bias=True, class_token=pooling == "cls",
+            pos_embed="learn" if pos_embed == "learned" else "none", final_norm=final_norm, fc_norm=False,
+            dynamic_img_size=True, drop_path_rate=drop_path, block_fn=BNMlpBlock if bn_mlp else Block,
+            weight_init="skip")
+        self.pos_embed_kind = pos_embed
+        self.frozen_patch_embed = frozen_patch_embed
+        self.weight_init_mode = weight_init  # timm's own init() reads it; "skip" above only deferred the init
+        self.token_dim = embed_dim
+        if frozen_patch_embed:
+            self.patch_embed.proj.requires_grad_(False)
+        self.init_weights()
+
+    def init_weights(self, mode: str = "", needs_reset: bool = True) -> None:
+        """Paper init of every parameter and buffer; also valid after `to_empty` on a meta-built model."""
+        super().init_weights(mode or self.weight_init_mode, needs_reset=True)
+        for module in self.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.reset_running_stats()
+        if self.weight_init_mode == "moco" or self.frozen_patch_embed:
+            # MoCo v3: xavier-uniform over the patch projection seen as a [D, 3*p*p] matrix; frozen, it stays so
+            proj = self.patch_embed.proj
+            bound = math.sqrt(6.0 / float(proj.weight[0].numel() + proj.weight.shape[0]))
+            nn.init.uniform_(proj.weight, -bound, bound)
+            nn.init.zeros_(proj.bias)
+
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, h, w, D] patch embeddings -> [B, (1+)h*w, D] with position embeddings for this grid."""
+        batch, h, w, dim = x.shape
+        x = x.reshape(batch, h * w, dim)
+        if self.pos_embed_kind == "sincos":
+            x = x + sincos_2d(h, w, dim, device=x.device).to(x.dtype)
+        elif self.pos_embed is not None:
+            grid = self.pos_embed[:, self.num_prefix_tokens:]
+            x = x + resize_grid_embed(grid, self.patch_embed.grid_size, (h, w))
+        if self.cls_token is not None:
+            cls = self.cls_token.expand(batch, -1, -1)
+            if self.pos_embed is not None:
+                cls = cls + self.pos_embed[:, :1]  # sin-cos and "none" give the class token a zero embedding
+            x = torch.cat([cls, x], dim=1)
+        return self.pos_drop(x)
+
+    def _embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        x = self.patch_embed(x)
+        grid = (int(x.shape[1]), int(x.shape[2]))
+        x = self.norm_pre(self.patch_drop(self._pos_embed(x)))
+        return x, grid
+
+    def _pool(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 0] if self.has_class_token else x[:, self.num_prefix_tokens:].mean(dim=1)
+
+    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        x, grid = self._embed(x)
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        return {"pooled": self._pool(x), "tokens": x[:, self.num_prefix_tokens:], "grid": grid}
+
+    def block_modules(self) -> List[nn.Module]:
+        return list(self.blocks)
+
+    def forward_last_blocks(self, x: torch.Tensor, n: int, avgpool: bool = False) -> List[torch.Tensor]:
+        """Pooled (CLS or mean) normed outputs of the last n blocks, as DINO's linear probe reads them.
+
+        With `avgpool`, also the mean of the last block's normed patch tokens (DINO's --avgpool_patchtokens)."""
+        _check_last_blocks(n, len(self.blocks))
+        x, _ = self._embed(x)
+        outputs = []
+        for index, block in enumerate(self.blocks):
+            x = block(x)
+            if index >= len(self.blocks) - n:
+                outputs.append(self.norm(x))
+        features = [self._pool(out) for out in outputs]
+        if avgpool:
+            features.append(outputs[-1][:, self.num_prefix_tokens:].mean(dim=1))
+        return features
+
+
+def _check_choice(key: str, value: str, choices) -> None:
+    if value not in choices:
+        raise UserError(f"{key}: '{value}' is not one of {', '.join(repr(c) for c in choices)}")
+
+
+def _check_last_blocks(n: int, depth: int) -> None:
+    if not 1 <= n <= depth:
+        raise UserError(f"linear probe: n_last_blocks {n} must be between 1 and the model's {depth} blocks")
+
+
+def _vit_factory(size: str, bn_mlp: bool):
+    embed_dim, depth, heads, default_patch = SIZES[size]
+
+    def build(cfg, drop_path: float) -> ViT:
+        return ViT(embed_dim=embed_dim, depth=depth, num_heads=cfg.num_heads or heads,
+                   patch_size=cfg.patch_size or default_patch, img_size=cfg.img_size, drop_path=drop_path,
+                   pos_embed=cfg.pos_embed, frozen_patch_embed=cfg.frozen_patch_embed, pooling=cfg.pooling,
+                   final_norm=cfg.final_norm, bn_mlp=bn_mlp or cfg.bn_mlp, weight_init=cfg.weight_init)
+    return build
+
+
+for _size in SIZES:
+    register(f"vit_{_size}")(_vit_factory(_size, bn_mlp=False))
+    register(f"vit_bn_{_size}")(_vit_factory(_size, bn_mlp=True))
