@@ -1,0 +1,361 @@
+"""Resumable, rank-split loaders over shard directories; they yield `scale.data.batch.Batch`.
+
+Position. A loader's position is the GLOBAL number of samples consumed since the start of training (a multiple of
+global_batch). Every rank runs steps_per_epoch = samples_per_epoch // global_batch steps per epoch, whatever the
+shard sizes, so no collective waits on a rank that ran out of data. Each rank gets global_batch // world_size
+samples per step (global_batch must divide by world_size). `state_dict()` is {"position", ...}; `load_state_dict`
+restores it. One `iter(loader)` runs the rest of the current epoch; the next one starts the next epoch.
+
+Mode `epochs` (exact). The order of epoch e is a function of (seed, e) over the GLOBAL sample index only: shards in
+a random order, their samples concatenated, then each consecutive window of `shuffle_buffer` samples permuted (a
+shuffle buffer with a fixed seed, keeping reads local). Global step s takes positions [s*G, (s+1)*G) of that order
+and rank r takes its slice [s*G + r*b, s*G + (r+1)*b) with b = G / world_size. Samples are read by position from
+the tars through their member index (`shard-N.idx`, or a scan of the tar). Guarantees: within an epoch every
+sample appears at most once and steps_per_epoch*G distinct samples are used (the tail of the order, fewer than G
+samples, varies by epoch and is dropped); after load_state_dict(position) the run continues with exactly the
+global batches an uninterrupted run would have produced (no repeat, no skip), for ANY new world size and number of
+workers, as long as seed, global_batch, samples_per_epoch and the shards are unchanged. A sample's augmentation is
+drawn from a generator seeded by (seed, epoch, position), so resumed batches are identical tensor for tensor.
+
+Mode `resampled` (infinite stream). A webdataset pipeline per (rank, worker): shards drawn with replacement
+(ResampledShards), a shuffle buffer, decode and views. Each stream is seeded by (seed, rank, worker, position), so a
+restart is reproducible for the same world size and workers but is a fresh draw, not the continuation of the old
+stream: samples may repeat or be missed across a restart, as with any sampling with replacement.
+
+Workers. DataLoader workers (data.workers) split a rank's steps round-robin (worker w builds local steps w, w+W,
+...); the DataLoader returns them in step order, so the batches do not depend on the number of workers.
+
+Bad samples (corrupt JPEG, member that is not an image, missing label, truncated tar, missing member) are replaced
+by another sample of the same local batch, re-augmented, so shapes stay fixed; each is counted per rank by kind in
+`metrics()`. A shard whose manifest count is 0 is skipped and counted in data/empty_shards. When a rank's errors in
+the current epoch exceed data.error_budget x the samples it reads per epoch, the run stops with a UserError naming
+the shard and key. A missing manifest or shard fails at construction.
+"""
+
+import json
+import random
+from bisect import bisect_right
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset
+
+from scale.data.batch import Batch
+from scale.data.shards import read_index, read_manifest
+from scale.data.views import build_views, normalize
+from scale.errors import UserError
+
+MODES = ("epochs", "resampled")
+
+
+class SampleError(Exception):
+    def __init__(self, kind: str, where: str):
+        super().__init__(f"{kind}: {where}")
+        self.kind, self.where = kind, where
+
+
+# ---------------------------------------------------------------------------------------------------- the order
+
+class EpochOrder:
+    """The global sample order of one epoch: a deterministic function of (seed, epoch) and the shard counts."""
+
+    def __init__(self, counts: list[int], seed: int, epoch: int, window: int):
+        self.seed, self.epoch, self.window = seed, epoch, max(1, window)
+        rng = np.random.default_rng([seed, epoch, 0])
+        self.shards = [int(i) for i in rng.permutation(len(counts)) if counts[i] > 0]
+        self.starts = np.cumsum([0] + [counts[i] for i in self.shards]).tolist()
+        self.total = self.starts[-1]
+        self._window_cache: dict = {}
+
+    def _window_perm(self, w: int) -> np.ndarray:
+        if w not in self._window_cache:
+            size = min(self.window, self.total - w * self.window)
+            self._window_cache = {w: np.random.default_rng([self.seed, self.epoch, 1, w]).permutation(size)}
+        return self._window_cache[w]
+
+    def __getitem__(self, position: int) -> tuple[int, int]:
+        """(shard number, sample number in the shard) at this position of the epoch."""
+        w, j = divmod(position, self.window)
+        stream = w * self.window + int(self._window_perm(w)[j])
+        k = bisect_right(self.starts, stream) - 1
+        return self.shards[k], stream - self.starts[k]
+
+
+# ---------------------------------------------------------------------------------------------------- reading samples
+
+class ShardReader:
+    """Reads samples by (shard, index) through the member index; keeps one file open per shard it touched."""
+
+    def __init__(self, shard_dir: Path, manifest: dict):
+        self.dir, self.manifest = shard_dir, manifest
+        self.label_kind = manifest["label_kind"]
+        self.num_classes = len(manifest["classes"])
+        self._index: dict = {}
+        self._files: dict = {}
+
+    def members(self, shard: int):
+        if shard not in self._index:
+            self._index[shard] = read_index(self.dir, self.manifest["shards"][shard])
+        return self._index[shard]
+
+    def where(self, shard: int, key: str) -> str:
+        return f"{self.dir / self.manifest['shards'][shard]['name']} key {key}"
+
+    def read(self, shard: int, i: int) -> tuple[str, bytes, object]:
+        name = self.manifest["shards"][shard]["name"]
+        members, error = self.members(shard)
+        if i >= len(members):
+            raise SampleError("truncated", f"{self.dir / name} sample #{i} ({error or 'not in the tar'})")
+        key, exts = members[i]
+        where = self.where(shard, key)
+        if "jpg" not in exts:
+            raise SampleError("not_image", f"{where} (no .jpg member)")
+        jpg = self._bytes(shard, exts["jpg"], where)
+        label = self._label(shard, exts, where)
+        return key, jpg, label
+
+    def _bytes(self, shard: int, span, where: str) -> bytes:
+        if shard not in self._files:
+            self._files[shard] = open(self.dir / self.manifest["shards"][shard]["name"], "rb")
+        f = self._files[shard]
+        f.seek(span[0])
+        data = f.read(span[1])
+        if len(data) != span[1]:
+            raise SampleError("truncated", f"{where} (member cut short)")
+        return data
+
+    def _label(self, shard: int, exts: dict, where: str):
+        if self.label_kind == "none":
+            return -1
+        ext = "cls" if self.label_kind == "single" else "labels"
+        if ext not in exts:
+            raise SampleError("missing_label", f"{where} (no .{ext} member)")
+        text = self._bytes(shard, exts[ext], where)
+        return parse_label(text, self.label_kind, where)
+
+
+def parse_label(text: bytes, label_kind: str, where: str):
+    try:
+        return int(text) if label_kind == "single" else [int(x) for x in json.loads(text)]
+    except ValueError:
+        raise SampleError("missing_label", f"{where} (label not readable: {text[:40]!r})") from None
+
+
+def make_views(views, data: bytes, rng: random.Random, where: str):
+    try:
+        return views(data, rng)
+    except Exception as err:  # PIL raises many types for bad bytes
+        raise SampleError("decode", f"{where} ({type(err).__name__}: {err})") from None
+
+
+def labels_tensor(labels: list, label_kind: str, num_classes: int) -> torch.Tensor:
+    if label_kind != "multi":
+        return torch.tensor(labels, dtype=torch.int64)
+    out = torch.zeros(len(labels), num_classes)
+    for row, classes in enumerate(labels):
+        out[row, classes] = 1.0
+    return out
+
+
+def collate(samples: list, views, mean, std, label_kind: str, num_classes: int) -> Batch:
+    """samples: [(key, groups, label)] -> Batch with view-major groups."""
+    crops = []
+    for g, n_views in enumerate(views.views_per_group):
+        stacked = torch.stack([s[1][g][v] for v in range(n_views) for s in samples])
+        crops.append(stacked if getattr(views, "normalized", False) else normalize(stacked, mean, std))
+    return Batch(crops, list(views.views_per_group), labels_tensor([s[2] for s in samples], label_kind, num_classes),
+                 [s[0] for s in samples])
+
+
+# ---------------------------------------------------------------------------------------------------- datasets
+
+class _EpochSteps(IterableDataset):
+    """Local steps [start, stop) of one epoch of one rank; worker w of W builds steps start+w, start+w+W, ..."""
+
+    def __init__(self, loader: "Loader", epoch: int, start: int, stop: int):
+        self.loader, self.epoch, self.start, self.stop = loader, epoch, start, stop
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        ld = self.loader
+        order = EpochOrder(ld.counts, ld.seed, self.epoch, ld.cfg.shuffle_buffer)
+        reader = ShardReader(ld.dir, ld.manifest)
+        for step in range(self.start + wid, self.stop, nw):
+            base = step * ld.global_batch + ld.rank * ld.local_batch
+            yield self._batch(order, reader, range(base, base + ld.local_batch))
+
+    def _batch(self, order: EpochOrder, reader: ShardReader, positions) -> tuple:
+        ld = self.loader
+        samples, errors, failed = [], [], []
+        for pos in positions:
+            rng = random.Random(f"{ld.seed}/{self.epoch}/{pos}")
+            try:
+                shard, index = order[pos]
+                key, data, label = reader.read(shard, index)
+                samples.append((key, make_views(ld.views, data, rng, reader.where(shard, key)), label, data))
+            except SampleError as err:
+                errors.append((err.kind, err.where))
+                failed.append(rng)
+        if failed and not samples:
+            raise UserError(f"every sample of a batch is bad, e.g. {errors[0][1]}")
+        for n, rng in enumerate(failed):  # keep shapes fixed: re-augment good samples of this batch
+            key, _, label, data = samples[n % len(samples)]
+            samples.append((key, ld.views(data, rng), label, data))
+        return collate(samples, ld.views, ld.views_cfg.mean, ld.views_cfg.std, reader.label_kind,
+                       reader.num_classes), errors
+
+
+class _Resampled(IterableDataset):
+    """An infinite webdataset stream for one rank: local steps [start, stop), split round-robin over workers."""
+
+    def __init__(self, loader: "Loader", start: int, stop: int):
+        self.loader, self.start, self.stop = loader, start, stop
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        ld = self.loader
+        seed = hash_seed(ld.seed, ld.rank, wid, nw, self.start)
+        urls = [str(ld.dir / s["name"]) for s in ld.manifest["shards"] if s["count"] > 0]
+        errors: list = []
+
+        def handler(exn) -> bool:
+            errors.append(("truncated", f"{exn}"))
+            return True
+
+        reader = ShardReader(ld.dir, ld.manifest)
+        pipeline = wds.DataPipeline(
+            wds.ResampledShards(urls, seed=seed, deterministic=True),
+            wds.tarfile_to_samples(handler=handler),
+            wds.shuffle(ld.cfg.shuffle_buffer, rng=random.Random(seed)),
+        )
+        rng = random.Random(seed)
+        stream = iter(pipeline)
+        for _ in range(self.start + wid, self.stop, nw):
+            samples = []
+            while len(samples) < ld.local_batch:
+                sample = next(stream)
+                where = f"{sample.get('__url__', '?')} key {sample.get('__key__', '?')}"
+                try:
+                    if "jpg" not in sample:
+                        raise SampleError("not_image", f"{where} (no .jpg member)")
+                    label = -1 if reader.label_kind == "none" else _stream_label(sample, reader.label_kind, where)
+                    samples.append((sample["__key__"], make_views(ld.views, sample["jpg"], rng, where), label))
+                except SampleError as err:
+                    errors.append((err.kind, err.where))
+            yield collate(samples, ld.views, ld.views_cfg.mean, ld.views_cfg.std, reader.label_kind,
+                          reader.num_classes), list(errors)
+            errors.clear()
+
+
+def _stream_label(sample: dict, label_kind: str, where: str):
+    ext = "cls" if label_kind == "single" else "labels"
+    if ext not in sample:
+        raise SampleError("missing_label", f"{where} (no .{ext} member)")
+    return parse_label(sample[ext], label_kind, where)
+
+
+def hash_seed(*parts) -> int:
+    return random.Random("/".join(str(p) for p in parts)).getrandbits(63)
+
+
+# ---------------------------------------------------------------------------------------------------- the loader
+
+class Loader:
+    def __init__(self, data_cfg, split: str, global_batch: int, rank: int, world_size: int, seed: int,
+                 samples_per_epoch: Optional[int] = None, views_cfg=None):
+        if split not in ("train", "val"):
+            raise UserError(f"split must be train or val, got '{split}'")
+        if data_cfg.mode not in MODES:
+            raise UserError(f"data.mode must be one of {', '.join(MODES)}, got '{data_cfg.mode}'")
+        if global_batch <= 0 or global_batch % world_size:
+            raise UserError(f"train.global_batch={global_batch} must be a positive multiple of the world size "
+                            f"{world_size}")
+        self.cfg, self.views_cfg = data_cfg, views_cfg if views_cfg is not None else data_cfg.views
+        self.dir = Path(data_cfg.train if split == "train" else data_cfg.val)
+        self.manifest = read_manifest(self.dir)
+        self.counts = [int(s["count"]) for s in self.manifest["shards"]]
+        self.num_samples = sum(self.counts)
+        self.samples_per_epoch = samples_per_epoch or self.num_samples
+        if data_cfg.mode == "epochs" and self.samples_per_epoch > self.num_samples:
+            raise UserError(f"samples_per_epoch={self.samples_per_epoch} exceeds the {self.num_samples} samples of "
+                            f"{self.dir} (mode epochs visits each sample at most once per epoch)")
+        self.steps_per_epoch = self.samples_per_epoch // global_batch
+        if self.steps_per_epoch == 0:
+            raise UserError(f"{self.dir}: {self.samples_per_epoch} samples per epoch is less than one global batch "
+                            f"({global_batch})")
+        self.global_batch, self.rank, self.world_size, self.seed = global_batch, rank, world_size, seed
+        self.local_batch = global_batch // world_size
+        self.views = build_views(self.views_cfg)
+        self.position = 0
+        self.errors: Counter = Counter()
+        self.epoch_errors = 0
+        self.samples_seen = 0
+        self.empty_shards = sum(1 for c in self.counts if c == 0)
+
+    @property
+    def epoch(self) -> int:
+        return self.position // (self.steps_per_epoch * self.global_batch)
+
+    @property
+    def step_in_epoch(self) -> int:
+        return self.position % (self.steps_per_epoch * self.global_batch) // self.global_batch
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def __iter__(self):
+        epoch, start = self.epoch, self.step_in_epoch
+        if self.cfg.mode == "epochs":
+            dataset = _EpochSteps(self, epoch, start, self.steps_per_epoch)
+        else:
+            dataset = _Resampled(self, self.position // self.global_batch,
+                                 self.position // self.global_batch + self.steps_per_epoch - start)
+        workers = int(self.cfg.workers)
+        loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=False,
+                            prefetch_factor=2 if workers else None)
+        if start == 0:
+            self.epoch_errors = 0
+        for batch, errors in loader:
+            self._count(errors)
+            self.position += self.global_batch
+            self.samples_seen += self.local_batch
+            yield batch
+
+    def _count(self, errors: list) -> None:
+        for kind, where in errors:
+            self.errors[kind] += 1
+        self.epoch_errors += len(errors)
+        allowed = self.cfg.error_budget * self.steps_per_epoch * self.local_batch
+        if errors and self.epoch_errors > allowed:
+            kind, where = errors[-1]
+            raise UserError(f"too many bad samples on rank {self.rank}: {self.epoch_errors} this epoch, budget "
+                            f"{self.cfg.error_budget:g} x {self.steps_per_epoch * self.local_batch} samples; "
+                            f"last: {kind} in {where}")
+
+    def metrics(self) -> dict:
+        out = {"data/errors": sum(self.errors.values()), "data/empty_shards": self.empty_shards,
+               "data/samples": self.samples_seen}
+        out.update({f"data/errors_{kind}": n for kind, n in sorted(self.errors.items())})
+        return out
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "mode": self.cfg.mode, "seed": self.seed,
+                "global_batch": self.global_batch, "samples_per_epoch": self.samples_per_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("global_batch", self.global_batch) != self.global_batch:
+            raise UserError(f"loader state was saved with global_batch {state['global_batch']}, this run uses "
+                            f"{self.global_batch}: the sample position would not be exact")
+        self.position = int(state["position"])
+
+
+def build_loader(data_cfg, split: str, global_batch: int, rank: int, world_size: int, seed: int,
+                 samples_per_epoch: Optional[int] = None, views_cfg=None) -> Loader:
+    """A loader over data_cfg.train or data_cfg.val (see the module docstring for what it guarantees)."""
+    return Loader(data_cfg, split, global_batch, rank, world_size, seed, samples_per_epoch, views_cfg)

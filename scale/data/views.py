@@ -1,0 +1,239 @@
+"""Views of one image, built from the recipe's ViewsConfig (defaults: the papers and their official code).
+
+- multicrop (DINO, EsViT): n_global crops of global_size (scale global_scale) and, per local size, n_local crops
+  (scale local_scale); bicubic; flip 0.5; colour jitter (0.4, 0.4, 0.2, 0.1) with p 0.8 in a random order; greyscale
+  p 0.2; Gaussian blur (PIL radius U[0.1, 2]) with p blur_p[i] for global view i and local_blur_p for locals;
+  solarize (threshold 128) with p solarize_p[i] / local_solarize_p. Official: blur 1.0 / 0.1 / 0.5, solarize on
+  global 2 with p 0.2.
+- two_view (MoCo v3 / BYOL): the same ops with n_global 2, no locals, bilinear, scale (crop_min, 1).
+- supervised (DRLoc, fine-tuning): timm's create_transform (RandAugment, random erasing); mixup/cutmix belongs to
+  the supervised method, which mixes whole batches.
+- eval: resize the short side to eval_resize (bicubic), center crop eval_crop.
+
+Speed without changing the distribution of crops (see `scale bench data`): crop boxes are drawn first on the
+original size, and when every crop a decode serves is at least 2x larger than its output, the JPEG is decoded at
+1/2, 1/4 or 1/8 size in the DCT (PIL draft) with the box scaled to match; crop+resize is one PIL call; colour ops run
+on the small crop as uint8 look-up tables (brightness, contrast, hue shift, solarize) instead of float passes; the
+conversion to float and normalisation happen once per batch on a stacked tensor (`normalize`).
+
+Every random choice comes from the `random.Random` passed in, so a sample's views depend only on its seed.
+"""
+
+import io
+import math
+import random
+
+import numpy as np
+import torch
+from PIL import Image, ImageEnhance, ImageFilter, ImageStat
+
+from scale.errors import UserError
+
+INTERPOLATION = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR}
+SOLARIZE_LUT = [x if x < 128 else 255 - x for x in range(256)] * 3
+_HUE_LUTS = [[(x + shift) % 256 for x in range(256)] for shift in range(256)]
+
+
+def decode_rgb(data: bytes, min_size: tuple = (0, 0)) -> Image.Image:
+    """Decode to RGB; with min_size, a JPEG is decoded at the smallest DCT scale that keeps at least that size."""
+    img = Image.open(io.BytesIO(data))
+    if min_size != (0, 0):
+        img.draft("RGB", min_size)
+    return img.convert("RGB")
+
+
+def random_resized_crop_box(rng: random.Random, width: int, height: int, scale, ratio) -> tuple:
+    """torchvision RandomResizedCrop.get_params, drawn from rng: (left, top, right, bottom)."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = rng.randint(0, height - h)
+            left = rng.randint(0, width - w)
+            return left, top, left + w, top + h
+    in_ratio = width / height  # fallback: central crop at the closest allowed ratio
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    top, left = (height - h) // 2, (width - w) // 2
+    return left, top, left + w, top + h
+
+
+_LEVELS = np.arange(256, dtype=np.float32)
+
+
+def _affine_lut(gain: float, offset: float) -> list:
+    """x -> clip(int(offset + gain * x)) for the three bands, as PIL's point() takes it."""
+    return np.tile(np.clip(offset + gain * _LEVELS, 0, 255).astype(np.int32), 3).tolist()
+
+
+def _grey_mean(img: Image.Image) -> int:
+    r, g, b = ImageStat.Stat(img).mean  # histogram means: no greyscale copy of the crop
+    return int(0.299 * r + 0.587 * g + 0.114 * b + 0.5)
+
+
+def color_jitter(img: Image.Image, rng: random.Random, strength) -> Image.Image:
+    """torchvision ColorJitter(b, c, s, h) on a PIL image: factors and a random order of the four ops."""
+    b, c, s, h = strength
+    ops = [0, 1, 2, 3]
+    rng.shuffle(ops)
+    factors = [rng.uniform(max(0.0, 1 - b), 1 + b), rng.uniform(max(0.0, 1 - c), 1 + c),
+               rng.uniform(max(0.0, 1 - s), 1 + s), rng.uniform(-h, h)]
+    for op in ops:
+        f = factors[op]
+        if op == 0 and b:
+            img = img.point(_affine_lut(f, 0.0))
+        elif op == 1 and c:
+            mean = _grey_mean(img)
+            img = img.point(_affine_lut(f, mean * (1 - f)))
+        elif op == 2 and s:
+            img = ImageEnhance.Color(img).enhance(f)
+        elif op == 3 and h:
+            shift = int(f * 255) % 256
+            hue, sat, val = img.convert("HSV").split()
+            hue = hue.point(_HUE_LUTS[shift])
+            img = Image.merge("HSV", (hue, sat, val)).convert("RGB")
+    return img
+
+
+class CropSpec:
+    def __init__(self, size: int, scale, blur_p: float, solarize_p: float):
+        self.size, self.scale, self.blur_p, self.solarize_p = int(size), tuple(scale), blur_p, solarize_p
+
+
+class CropViews:
+    """multicrop and two_view: groups of crops, each crop flipped, jittered, greyed, blurred, solarized."""
+
+    def __init__(self, cfg):
+        n_global = cfg.n_global if cfg.kind == "multicrop" else 2
+        if len(cfg.blur_p) < n_global or len(cfg.solarize_p) < n_global:
+            raise UserError(f"data.views.blur_p and solarize_p need one entry per global view ({n_global})")
+        groups = [[CropSpec(cfg.global_size, cfg.global_scale, cfg.blur_p[i], cfg.solarize_p[i])
+                   for i in range(n_global)]]
+        if cfg.kind == "multicrop":
+            if len(cfg.local_sizes) != len(cfg.n_local):
+                raise UserError("data.views.local_sizes and n_local must have the same length")
+            groups += [[CropSpec(size, cfg.local_scale, cfg.local_blur_p, cfg.local_solarize_p)] * n
+                       for size, n in zip(cfg.local_sizes, cfg.n_local) if n > 0]
+        self.groups = groups
+        self.ratio = tuple(cfg.ratio)
+        self.interpolation = INTERPOLATION[cfg.interpolation]
+        self.flip_p, self.jitter, self.jitter_p = cfg.flip_p, tuple(cfg.color_jitter), cfg.color_jitter_p
+        self.grayscale_p, self.blur_sigma = cfg.grayscale_p, tuple(cfg.blur_sigma)
+
+    @property
+    def views_per_group(self) -> list[int]:
+        return [len(g) for g in self.groups]
+
+    def __call__(self, data: bytes, rng: random.Random) -> list[list[torch.Tensor]]:
+        head = Image.open(io.BytesIO(data))
+        width, height = head.size
+        boxes = [[random_resized_crop_box(rng, width, height, spec.scale, self.ratio) for spec in group]
+                 for group in self.groups]
+        sources = self._decode(data, head.format == "JPEG", width, height, boxes)
+        out = []
+        for group, group_boxes in zip(self.groups, boxes):
+            out.append([self._crop(sources, spec, box, rng) for spec, box in zip(group, group_boxes)])
+        return out
+
+    def _decode(self, data, is_jpeg, width, height, boxes) -> dict:
+        """{reduction k: image}: full size for crops that need it, one reduced decode for crops >= 2x output."""
+        reductions = {1}
+        if is_jpeg:
+            reductions = {self._reduction(spec, box) for g, gb in zip(self.groups, boxes) for spec, box in zip(g, gb)}
+            reduced = [k for k in reductions if k > 1]
+            reductions = ({1} if 1 in reductions else set()) | ({min(reduced)} if reduced else set())
+        sources = {}
+        for k in reductions:
+            img = decode_rgb(data, (0, 0) if k == 1 else (math.ceil(width / k), math.ceil(height / k)))
+            sources[k] = (img, img.width / width, img.height / height)
+        return sources
+
+    @staticmethod
+    def _reduction(spec: CropSpec, box) -> int:
+        factor = min(box[2] - box[0], box[3] - box[1]) / spec.size
+        return 8 if factor >= 8 else 4 if factor >= 4 else 2 if factor >= 2 else 1
+
+    def _crop(self, sources: dict, spec: CropSpec, box, rng: random.Random) -> torch.Tensor:
+        usable = [k for k in sources if k <= self._reduction(spec, box)]
+        img, sx, sy = sources[max(usable)]
+        scaled = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+        crop = img.resize((spec.size, spec.size), self.interpolation, box=scaled)
+        if rng.random() < self.flip_p:
+            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+        if rng.random() < self.jitter_p:
+            crop = color_jitter(crop, rng, self.jitter)
+        if rng.random() < self.grayscale_p:
+            crop = crop.convert("L").convert("RGB")
+        if rng.random() < spec.blur_p:
+            crop = crop.filter(ImageFilter.GaussianBlur(radius=rng.uniform(*self.blur_sigma)))
+        if rng.random() < spec.solarize_p:
+            crop = crop.point(SOLARIZE_LUT)
+        return torch.from_numpy(np.asarray(crop).copy()).permute(2, 0, 1)
+
+
+class EvalView:
+    """Resize the short side to eval_resize (bicubic), center crop eval_crop; one group of one view."""
+
+    def __init__(self, cfg):
+        self.resize, self.crop = int(cfg.eval_resize), int(cfg.eval_crop)
+        self.views_per_group = [1]
+
+    def __call__(self, data: bytes, rng: random.Random) -> list[list[torch.Tensor]]:
+        head = Image.open(io.BytesIO(data))
+        width, height = head.size
+        scale = self.resize / min(width, height)
+        # decoding at reduced DCT size is exact enough and free when the image is >= 2x the target
+        img = decode_rgb(data, (math.ceil(width * scale), math.ceil(height * scale)))
+        out_w, out_h = max(self.resize, round(width * scale)), max(self.resize, round(height * scale))
+        img = img.resize((out_w, out_h), Image.BICUBIC)
+        left, top = int(round((out_w - self.crop) / 2)), int(round((out_h - self.crop) / 2))
+        img = img.crop((left, top, left + self.crop, top + self.crop))
+        return [[torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)]]
+
+
+class SupervisedView:
+    """timm's training transform (RandAugment, random erasing); returns normalised float crops."""
+
+    normalized = True
+
+    def __init__(self, cfg):
+        from timm.data import create_transform
+
+        self.transform = create_transform(
+            input_size=cfg.global_size, is_training=True, scale=tuple(cfg.global_scale), ratio=tuple(cfg.ratio),
+            hflip=cfg.flip_p, color_jitter=cfg.color_jitter[0], auto_augment=cfg.auto_augment or None,
+            interpolation=cfg.interpolation, re_prob=cfg.random_erase_p, mean=tuple(cfg.mean), std=tuple(cfg.std))
+        self.views_per_group = [1]
+
+    def __call__(self, data: bytes, rng: random.Random) -> list[list[torch.Tensor]]:
+        # timm draws from the global random and torch generators: seed them from the sample's rng
+        seed = rng.getrandbits(63)
+        random.seed(seed)
+        torch.manual_seed(seed)
+        return [[self.transform(decode_rgb(data))]]
+
+
+def build_views(cfg):
+    """The view maker for data.views.kind."""
+    if cfg.kind in ("multicrop", "two_view"):
+        return CropViews(cfg)
+    if cfg.kind == "eval":
+        return EvalView(cfg)
+    if cfg.kind == "supervised":
+        return SupervisedView(cfg)
+    raise UserError(f"data.views.kind must be multicrop, two_view, supervised or eval, got '{cfg.kind}'")
+
+
+def normalize(crops: torch.Tensor, mean, std) -> torch.Tensor:
+    """uint8 [N, 3, H, W] -> float, (x/255 - mean) / std, in one pass over the stacked batch."""
+    scale = torch.tensor([255.0 * s for s in std]).view(1, 3, 1, 1)
+    shift = torch.tensor([255.0 * m for m in mean]).view(1, 3, 1, 1)
+    return crops.float().sub_(shift).div_(scale)

@@ -1,0 +1,110 @@
+"""Shard writer, manifest, resume, sources and `scale shards build|verify`."""
+
+import csv
+import io
+import json
+import tarfile
+
+from PIL import Image
+
+from scale.cli import main
+from scale.data.shards import build_shards, read_manifest, scan_tar, verify
+from scale.data.sources import imagefolder, imagenet22k, openimages
+from tests.data.helpers import jpeg
+
+
+def make_imagefolder(root, per_class=3):
+    for c, name in enumerate(["cat", "dog"]):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            (root / name / f"{i}.jpg").write_bytes(jpeg(10 * c + i, size=(80, 40)))
+    Image.new("RGB", (30, 30), "red").save(root / "dog" / "z.png")
+    (root / "cat" / "broken.jpg").write_bytes(b"not a jpeg at all")
+    return root
+
+
+def test_imagefolder_build_manifest_and_skipped_report(tmp_path):
+    src = make_imagefolder(tmp_path / "src")
+    manifest = build_shards(imagefolder(src), tmp_path / "out", shard_size=3, progress=False)
+    assert manifest["classes"] == ["cat", "dog"] and manifest["num_samples"] == 7
+    # sorted listing: cat/0 1 2 broken | dog/0 1 2 z.png; broken.jpg leaves a hole in shard 1
+    assert [s["count"] for s in manifest["shards"]] == [3, 2, 2] and manifest["num_skipped"] == 1
+    assert "broken.jpg" in (tmp_path / "out" / "_skipped.tsv").read_text()
+    members, error = scan_tar(tmp_path / "out" / "shard-000001.tar")
+    assert error is None and [k for k, _ in members] == ["000000004", "000000005"]
+    with tarfile.open(tmp_path / "out" / "shard-000001.tar") as tar:
+        assert tar.extractfile("000000004.cls").read() == b"1"
+        assert json.loads(tar.extractfile("000000004.json").read())["source"].endswith("dog/0.jpg")
+        assert tar.extractfile("000000004.jpg").read() == (src / "dog" / "0.jpg").read_bytes()  # original bytes
+    assert verify(tmp_path / "out") == []
+
+
+def test_rerun_skips_complete_shards_and_rebuilds_missing_ones_identically(tmp_path):
+    src = make_imagefolder(tmp_path / "src")
+    first = build_shards(imagefolder(src), tmp_path / "out", shard_size=3, progress=False)
+    kept = (tmp_path / "out" / "shard-000000.tar").stat().st_mtime_ns
+    (tmp_path / "out" / "shard-000001.idx").unlink()  # as if killed before the shard was complete
+    (tmp_path / "out" / ".shard-000002.tar.tmp-1").write_bytes(b"partial")
+    second = build_shards(imagefolder(src), tmp_path / "out", shard_size=3, progress=False)
+    assert second["shards"] == first["shards"]  # same checksums: deterministic bytes
+    assert (tmp_path / "out" / "shard-000000.tar").stat().st_mtime_ns == kept
+
+
+def test_max_side_re_encodes_large_images(tmp_path):
+    src = make_imagefolder(tmp_path / "src")
+    build_shards(imagefolder(src), tmp_path / "out", shard_size=10, max_side=40, progress=False)
+    with tarfile.open(tmp_path / "out" / "shard-000000.tar") as tar:
+        img = Image.open(io.BytesIO(tar.extractfile("000000000.jpg").read()))
+        meta = json.loads(tar.extractfile("000000000.json").read())
+    assert img.format == "JPEG" and img.size == (40, 20) and (meta["width"], meta["height"]) == (40, 20)
+
+
+def test_verify_reports_corruption(tmp_path):
+    src = make_imagefolder(tmp_path / "src")
+    build_shards(imagefolder(src), tmp_path / "out", shard_size=10, progress=False)
+    path = tmp_path / "out" / "shard-000000.tar"
+    data = bytearray(path.read_bytes())
+    data[700:760] = b"\0" * 60  # inside the first JPEG
+    path.write_bytes(bytes(data))
+    problems = verify(tmp_path / "out")
+    assert any("sha256" in p for p in problems) and any("000000000" in p for p in problems)
+
+
+def test_imagenet22k_synset_tars_and_folders(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    with tarfile.open(src / "n002.tar", "w") as tar:
+        for i in range(2):
+            payload = jpeg(i)
+            info = tarfile.TarInfo(f"n002_{i}.JPEG")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    (src / "n001").mkdir()
+    (src / "n001" / "a.jpg").write_bytes(jpeg(5))
+    source = imagenet22k(src)
+    assert source.classes == ["n001", "n002"] and [it.label for it in source.items] == [0, 1, 1]
+    manifest = build_shards(source, tmp_path / "out", workers=2, shard_size=2, progress=False)
+    assert manifest["num_samples"] == 3 and verify(tmp_path / "out") == []
+
+
+def test_openimages_multi_label(tmp_path):
+    (tmp_path / "img").mkdir()
+    for name in ("aa", "bb", "cc"):
+        (tmp_path / "img" / f"{name}.jpg").write_bytes(jpeg(len(name)))
+    with open(tmp_path / "labels.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["ImageID", "Source", "LabelName", "Confidence"])
+        writer.writerows([["aa", "h", "/m/2", "1"], ["aa", "h", "/m/1", "1"], ["bb", "h", "/m/3", "0"]])
+    source = openimages(tmp_path / "img", str(tmp_path / "labels.csv"))
+    assert source.classes == ["/m/1", "/m/2"] and [it.label for it in source.items] == [[0, 1], [], []]
+    build_shards(source, tmp_path / "out", progress=False)
+    assert read_manifest(tmp_path / "out")["label_kind"] == "multi" and verify(tmp_path / "out") == []
+
+
+def test_cli_build_and_verify(tmp_path, capsys):
+    src = make_imagefolder(tmp_path / "src")
+    assert main(["shards", "build", "--source", f"imagefolder:{src}", "--out", str(tmp_path / "out")]) == 0
+    assert main(["shards", "verify", str(tmp_path / "out")]) == 0
+    assert main(["shards", "build", "--source", "nokind:x", "--out", str(tmp_path / "o")]) == 2
+    assert main(["shards", "verify", str(tmp_path / "missing")]) == 2
+    assert "_info.json" in capsys.readouterr().err
