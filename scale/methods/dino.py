@@ -15,6 +15,7 @@ from torch import nn
 
 from scale import schedules
 from scale.data.batch import Batch
+from scale.errors import UserError
 from scale.methods import distributed
 from scale.methods.base import Method, StepContext
 from scale.methods.nets import MultiCropNet, init_teacher
@@ -81,11 +82,11 @@ class Dino(Method):
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: BackboneFn):
         self.cfg = dc = cfg.method.dino
         if dc.teacher not in ("ema", "copy"):
-            raise ValueError(f"method.dino.teacher: expected ema or copy, got '{dc.teacher}'")
+            raise UserError(f"method.dino.teacher: expected ema or copy, got '{dc.teacher}'")
         if dc.centering not in ("center", "sinkhorn"):
-            raise ValueError(f"method.dino.centering: expected center or sinkhorn, got '{dc.centering}'")
+            raise UserError(f"method.dino.centering: expected center or sinkhorn, got '{dc.centering}'")
         if dc.loss not in ("ce", "mse"):
-            raise ValueError(f"method.dino.loss: expected ce or mse, got '{dc.loss}'")
+            raise UserError(f"method.dino.loss: expected ce or mse, got '{dc.loss}'")
         self.student = self._build(backbone_fn(), norm_last_layer=dc.norm_last_layer, predictor=dc.predictor)
         self.teacher = init_teacher(self._build(backbone_fn(drop_path=0.0), norm_last_layer=dc.norm_last_layer,
                                                 predictor=False), self.student)
@@ -113,6 +114,7 @@ class Dino(Method):
     def view_loss(self, student_logits, teacher_logits, temp, n_teacher, n_student) -> tuple[torch.Tensor, dict]:
         if self.center is None:
             self.center = torch.zeros(1, teacher_logits.shape[-1], device=teacher_logits.device)
+        self.center = self.center.to(teacher_logits.device)
         targets = self._targets(teacher_logits, self.center, temp)
         ce = cross_entropy_pairs(student_logits, targets, self.cfg.student_temp, n_teacher, n_student)
         if self.cfg.loss == "mse":
@@ -120,7 +122,8 @@ class Dino(Method):
         else:
             loss = ce
         h = entropy(targets)
-        self.center = updated_center(self.center, teacher_logits, self.cfg.center_momentum)
+        if self.cfg.centering == "center":
+            self.center = updated_center(self.center, teacher_logits, self.cfg.center_momentum)
         # H(P_t, P_s) = h(P_t) + KL(P_t || P_s) (paper Eq. 5); every teacher view is in the same number of pairs
         return loss, {"teacher_entropy": h.item(), "teacher_student_kl": (ce.detach() - h).item()}
 

@@ -33,8 +33,9 @@ class MultiCropNet(nn.Module):
 class ProjectionNet(nn.Module):
     """Backbone + projector (+ predictor, + SwAV prototypes) for the two-view frameworks of MoCo v3 Table 4.
 
-    `views` > 1 with `per_view_bn` forwards each view separately so BatchNorm statistics never mix the two crops
-    of one image (MoCo v3 appendix option (ii), its Alg. 1); otherwise all crops share one batch (option (i))."""
+    `per_view_bn` keeps the two crops of one image out of each other's BatchNorm batch (MoCo v3 appendix option
+    (ii), its Alg. 1); otherwise all crops share one batch (option (i)). The backbone runs once per resolution
+    group unless it has BatchNorm itself (ResNet, ViT-BN), which then also sees one view at a time."""
 
     def __init__(self, backbone: nn.Module, projector: nn.Module, predictor: nn.Module | None = None,
                  prototypes: nn.Module | None = None):
@@ -43,9 +44,10 @@ class ProjectionNet(nn.Module):
         self.projector = projector
         self.predictor = predictor
         self.prototypes = prototypes
+        self.backbone_has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in backbone.modules())
 
-    def _embed(self, x: torch.Tensor) -> dict:
-        z = self.projector(self.backbone(x)["pooled"])
+    def _heads(self, pooled: torch.Tensor) -> dict:
+        z = self.projector(pooled)
         out = {"z": z}
         if self.predictor is not None:
             out["p"] = self.predictor(z)
@@ -54,10 +56,14 @@ class ProjectionNet(nn.Module):
         return out
 
     def forward(self, crops: list[torch.Tensor], views_per_group: list[int], per_view_bn: bool = True) -> dict:
-        chunks = []
+        pooled = []  # one entry per BatchNorm batch
         for x, views in zip(crops, views_per_group):
-            chunks += list(x.chunk(views)) if per_view_bn else [x]
-        parts = [self._embed(c) for c in chunks]
+            if per_view_bn and self.backbone_has_bn:
+                pooled += [self.backbone(v)["pooled"] for v in x.chunk(views)]
+            else:
+                features = self.backbone(x)["pooled"]
+                pooled += list(features.chunk(views)) if per_view_bn else [features]
+        parts = [self._heads(p) for p in pooled]
         return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
 
 
@@ -68,7 +74,10 @@ class Prototypes(nn.Module):
     def __init__(self, dim: int, count: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(count, dim))
-        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)  # nn.Linear's default, as SwAV's prototype layer
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return z @ nn.functional.normalize(self.weight, dim=1).t()
@@ -82,39 +91,79 @@ def token_grid(features: dict) -> torch.Tensor:
     return tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], h, w)
 
 
-class ClassifierNet(nn.Module):
-    """Backbone + linear classifier, with optional DRLoc localization heads (one on the final grid, or one per
-    block for the every-block variant, Eq. 7)."""
+def block_grid(output: torch.Tensor, backbone: nn.Module, grid: tuple[int, int]) -> torch.Tensor:
+    """A block's output as [B, D, h, w]: Swin blocks give [B, h, w, D]; ViT blocks [B, prefix + h*w, D] on the
+    final grid (prefix tokens, e.g. CLS, dropped)."""
+    if output.dim() == 4:
+        return output.permute(0, 3, 1, 2)
+    tokens = output[:, getattr(backbone, "num_prefix_tokens", 0):]
+    return token_grid({"tokens": tokens, "grid": grid})
 
-    def __init__(self, backbone: nn.Module, classifier: nn.Module, drloc_heads: nn.ModuleList | None = None):
+
+def block_dims(backbone: nn.Module) -> list[int]:
+    """Channel width of each block's output (every block of timm's ViT and Swin has a `norm1`)."""
+    return [block.norm1.weight.shape[0] for block in backbone.block_modules()]
+
+
+class DrlocHeads(nn.Module):
+    """One localization MLP per grid, as one part with a forward (FSDP shards the parts of a net separately)."""
+
+    def __init__(self, heads: list[nn.Module]):
+        super().__init__()
+        self.heads = nn.ModuleList(heads)
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    def forward(self, pairs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [head(p) for head, p in zip(self.heads, pairs)]
+
+
+class ClassifierNet(nn.Module):
+    """Backbone + linear classifier, with optional DRLoc localization heads: one on the final grid, or
+    (`every_block`, Eq. 7) one per block, reading the block outputs through forward hooks."""
+
+    def __init__(self, backbone: nn.Module, classifier: nn.Module, drloc_heads: DrlocHeads | None = None,
+                 every_block: bool = False):
         super().__init__()
         self.backbone = backbone
         self.classifier = classifier
         self.drloc_heads = drloc_heads
+        self.every_block = every_block
 
     def forward(self, x: torch.Tensor, drloc_sampler=None) -> dict:
         """`drloc_sampler(grids) -> (pair_features, positions)` picks embedding pairs on the grids [B, D, k, k];
         the localization heads run on them here, inside the wrapped forward."""
-        features = self.backbone(x)
+        use_drloc = self.drloc_heads is not None and drloc_sampler is not None
+        outputs: list[torch.Tensor] = []
+        hooks = [block.register_forward_hook(lambda _m, _i, out: outputs.append(out))
+                 for block in self.backbone.block_modules()] if use_drloc and self.every_block else []
+        try:
+            features = self.backbone(x)
+        finally:
+            for hook in hooks:
+                hook.remove()
         out = {"logits": self.classifier(features["pooled"])}
-        if self.drloc_heads is not None and drloc_sampler is not None:
-            if len(self.drloc_heads) > 1:
-                grids = [token_grid(f) for f in features["blocks"]]
+        if use_drloc:
+            if self.every_block:
+                grids = [block_grid(o, self.backbone, features["grid"]) for o in outputs]
             else:
                 grids = [token_grid(features)]
             pairs, positions = drloc_sampler(grids)
-            out["drloc"] = [head(p) for head, p in zip(self.drloc_heads, pairs)]
+            out["drloc"] = self.drloc_heads(pairs)
             out["drloc_positions"] = positions
         return out
 
 
 def init_teacher(teacher: nn.Module, student: nn.Module) -> nn.Module:
     """Copy the student's weights into the teacher (whose parameter names must be a subset of the student's) and
-    freeze it, as the Method contract requires."""
+    freeze it, as the Method contract requires. On the meta device there is nothing to copy yet: the engine copies
+    after materialising both."""
     student_state = student.state_dict()
     missing = [name for name in teacher.state_dict() if name not in student_state]
     if missing:
         raise ValueError(f"teacher entries absent from the student: {missing[:5]}")
-    teacher.load_state_dict({k: v for k, v in student_state.items() if k in teacher.state_dict()})
+    if not any(t.is_meta for t in student_state.values()):
+        teacher.load_state_dict({k: v for k, v in student_state.items() if k in teacher.state_dict()})
     teacher.requires_grad_(False)
     return teacher

@@ -1,0 +1,46 @@
+"""Methods: DINO, EsViT, MoCo v3 (and SimCLR, BYOL, SwAV for MoCo v3 Table 4), DRLoc, supervised.
+
+`build_method(cfg, steps_per_epoch, total_steps)` selects by `cfg.method.kind`; kind `mocov3` runs the framework
+named by `cfg.method.moco.variant` (mocov3 | simclr | byol | swav), which share the `moco` section's heads.
+Imports are local so that importing `scale.methods.base` (the contract) stays light.
+"""
+
+import contextlib
+
+import torch
+
+from scale.errors import UserError
+
+KINDS = ("dino", "esvit", "mocov3", "drloc", "supervised")
+MOCO_VARIANTS = ("mocov3", "simclr", "byol", "swav")
+
+
+def method_class(kind: str, variant: str = "mocov3"):
+    from scale.methods import byol, dino, drloc, esvit, mocov3, simclr, supervised, swav
+
+    if kind not in KINDS:
+        raise UserError(f"method.kind: unknown method '{kind}' (expected one of {', '.join(KINDS)})")
+    if kind == "mocov3":
+        if variant not in MOCO_VARIANTS:
+            raise UserError(f"method.moco.variant: unknown framework '{variant}' "
+                            f"(expected one of {', '.join(MOCO_VARIANTS)})")
+        return {"mocov3": mocov3.MocoV3, "simclr": simclr.SimCLR, "byol": byol.BYOL, "swav": swav.SwAV}[variant]
+    return {"dino": dino.Dino, "esvit": esvit.Esvit, "drloc": drloc.Drloc, "supervised": supervised.Supervised}[kind]
+
+
+def build_method(cfg, steps_per_epoch: int, total_steps: int, device: torch.device | str | None = None,
+                 backbone_fn=None):
+    """The Method of recipe `cfg`, its modules built on `device` ("meta": the engine allocates and initialises them
+    after sharding; it also converts BatchNorm to SyncBN on GPUs). `backbone_fn(drop_path=None) -> nn.Module`
+    defaults to the model registry's `build_backbone(cfg.model, ...)`; teachers get drop_path=0."""
+    if steps_per_epoch <= 0 or total_steps <= 0:
+        raise UserError(f"steps_per_epoch ({steps_per_epoch}) and total_steps ({total_steps}) must be positive")
+    cls = method_class(cfg.method.kind, cfg.method.moco.variant)
+    if backbone_fn is None:
+        from scale.models import build_backbone
+
+        def backbone_fn(drop_path=None):
+            return build_backbone(cfg.model, drop_path=drop_path)
+
+    with torch.device(device) if device is not None else contextlib.nullcontext():  # heads too, not only backbones
+        return cls(cfg, steps_per_epoch, total_steps, backbone_fn)

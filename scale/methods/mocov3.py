@@ -1,0 +1,82 @@
+"""MoCo v3 [Chen, Xie, He 2021]: symmetrised InfoNCE between the query of one view (base encoder + projector +
+predictor) and the key of the other (momentum encoder + projector, no predictor), with the keys of ALL ranks as
+negatives and no queue (paper Alg. 1):
+
+    ctr(q, k) = CE(q k_all^T / tau, labels = arange(N) + N * rank) * 2 tau,   loss = ctr(q1, k2) + ctr(q2, k1)
+"""
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scale import schedules
+from scale.data.batch import Batch
+from scale.errors import UserError
+from scale.methods import distributed
+from scale.methods.base import Method, StepContext
+from scale.methods.nets import ProjectionNet, init_teacher
+from scale.models.heads import moco_predictor, moco_projector
+
+
+def is_resnet(cfg) -> bool:
+    return cfg.model.name.startswith("resnet")
+
+
+def contrastive(q: torch.Tensor, k: torch.Tensor, tau: float) -> torch.Tensor:
+    """InfoNCE of this rank's queries q [N, d] against the keys of all ranks; k [N, d] is this rank's keys."""
+    q = F.normalize(q.float(), dim=1)
+    keys = distributed.all_gather_nograd(F.normalize(k.float(), dim=1))
+    logits = q @ keys.t() / tau
+    labels = torch.arange(q.shape[0], device=q.device) + q.shape[0] * distributed.rank()
+    return F.cross_entropy(logits, labels) * 2 * tau
+
+
+def check_two_views(batch: Batch, method: str) -> None:
+    if batch.views_per_group[0] != 2:
+        raise UserError(f"{method} needs 2 global views per image (data.views.n_global=2), "
+                         f"got {batch.views_per_group[0]}")
+
+
+class MocoV3(Method):
+    def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
+        self.cfg = mc = cfg.method.moco
+        self.per_view_bn = _bn_batching(mc.bn_batching)
+        resnet = is_resnet(cfg)
+        backbone = backbone_fn()
+        self.student = ProjectionNet(
+            backbone,
+            moco_projector(backbone.embed_dim, resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads,
+                           num_layers=None if resnet else mc.proj_layers),
+            moco_predictor(resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads, num_layers=mc.pred_layers))
+        momentum_backbone = backbone_fn(drop_path=0.0)
+        self.teacher = init_teacher(ProjectionNet(
+            momentum_backbone,
+            moco_projector(momentum_backbone.embed_dim, resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads,
+                           num_layers=None if resnet else mc.proj_layers)), self.student)
+        self.steps_per_epoch = steps_per_epoch
+        self.epochs = math.ceil(total_steps / steps_per_epoch)
+
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+        check_two_views(batch, "MoCo v3")
+        crops, views = batch.crops[:1], batch.views_per_group[:1]
+        q1, q2 = self.student(crops, views, self.per_view_bn)["p"].chunk(2)
+        with torch.no_grad():
+            k1, k2 = self.teacher(crops, views, self.per_view_bn)["z"].chunk(2)
+        tau = self.cfg.temperature
+        loss = contrastive(q1, k2, tau) + contrastive(q2, k1, tau)
+        return loss, {"loss": loss.item()}
+
+    def ema_momentum(self, ctx: StepContext) -> float:
+        # the official code updates the momentum encoder at the start of the next iteration, with its epoch
+        if not self.cfg.momentum_cosine:
+            return self.cfg.momentum
+        return schedules.moco_momentum(self.cfg.momentum, (ctx.step + 1) / self.steps_per_epoch, self.epochs)
+
+
+def _bn_batching(value: str) -> bool:
+    if value not in ("per_view", "joint"):
+        raise UserError(f"method.moco.bn_batching: expected per_view or joint, got '{value}'")
+    return value == "per_view"

@@ -1,0 +1,249 @@
+"""Every method trains a few steps in one process with a tiny backbone (plain AdamW loop standing in for the
+engine) and its loss goes down; plus the method-level behaviour the engine relies on."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from scale.config.schema import Recipe
+from scale.data.batch import Batch
+from scale.errors import UserError
+from scale.methods import build_method
+from scale.methods.base import StepContext
+
+STEPS_PER_EPOCH = 100
+
+
+def recipe(kind: str, model: str = "vit_nano", **sections) -> object:
+    cfg = OmegaConf.structured(Recipe)
+    cfg.method.kind = kind
+    cfg.model.name = model
+    cfg.model.img_size = 32
+    cfg.model.drop_path = 0.0
+    cfg.data.num_classes = 4
+    cfg.method.dino.out_dim = 128
+    cfg.method.dino.hidden_dim = 64
+    cfg.method.dino.bottleneck_dim = 32
+    cfg.method.dino.freeze_last_layer = 0
+    cfg.method.moco.dim = 16
+    cfg.method.moco.mlp_dim = 64
+    cfg.method.moco.swav_prototypes = 32
+    cfg.method.moco.swav_freeze_prototypes_steps = 0
+    cfg.method.drloc.hidden_dim = 64
+    for dotted, value in sections.items():
+        OmegaConf.update(cfg, dotted.replace("__", "."), value)
+    return cfg
+
+
+def images(n: int, size: int, seed: int) -> torch.Tensor:
+    """Smooth random images (low-frequency noise upsampled), so that crops of one image resemble each other."""
+    g = torch.Generator().manual_seed(seed)
+    return F.interpolate(torch.randn(n, 3, 4, 4, generator=g), size=size, mode="bilinear", align_corners=False)
+
+
+def make_batch(batch: int = 8, n_global: int = 2, global_size: int = 32, locals_: tuple = ()) -> Batch:
+    base = images(batch, 2 * global_size, seed=0)
+    g = torch.Generator().manual_seed(1)
+
+    def view(size):
+        noisy = base + 0.1 * torch.randn(base.shape, generator=g)
+        return F.interpolate(noisy, size=size, mode="bilinear", align_corners=False)
+
+    crops = [torch.cat([view(global_size) for _ in range(n_global)])]
+    views = [n_global]
+    for count, size in locals_:
+        crops.append(torch.cat([view(size) for _ in range(count)]))
+        views.append(count)
+    labels = torch.arange(batch) % 4
+    return Batch(crops, views, labels, [f"img{i}" for i in range(batch)])
+
+
+def train(method, batch: Batch, steps: int, lr: float = 1e-3) -> list[float]:
+    """A plain AdamW loop following the engine's contract: backward, frozen params get no update, then EMA."""
+    params = [(n, p) for n, p in method.student.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW([p for _, p in params], lr=lr, weight_decay=0.0)
+    losses = []
+    for step in range(steps):
+        ctx = StepContext(step=step, epoch=step // STEPS_PER_EPOCH, steps_per_epoch=STEPS_PER_EPOCH,
+                          total_steps=steps)
+        loss, metrics = method.loss(batch, ctx)
+        assert torch.isfinite(loss) and metrics["loss"] == pytest.approx(loss.item())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        frozen = method.frozen_params(ctx)
+        for name, p in params:
+            if frozen is not None and frozen(name):
+                p.grad = None
+        optimizer.step()
+        momentum = method.ema_momentum(ctx)
+        if method.teacher is not None:
+            student = dict(method.student.named_parameters())
+            with torch.no_grad():
+                for name, t in method.teacher.named_parameters():
+                    t.lerp_(student[name], 1 - momentum)
+        losses.append(loss.item())
+    return losses
+
+
+def assert_goes_down(losses: list[float], k: int = 3) -> None:
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    assert last < first, f"loss did not go down: {losses}"
+
+
+def build(cfg, total_steps: int = 1000):
+    torch.manual_seed(0)
+    return build_method(cfg, STEPS_PER_EPOCH, total_steps)
+
+
+def test_dino_trains_with_multicrop():
+    method = build(recipe("dino"))
+    assert set(dict(method.teacher.named_parameters())) <= set(dict(method.student.named_parameters()))
+    assert not any(p.requires_grad for p in method.teacher.parameters())
+    losses = train(method, make_batch(locals_=((4, 16),)), 12)
+    assert_goes_down(losses)
+    assert method.state_dict()["center"].shape == (1, 128)
+
+
+def test_dino_schedules_and_frozen_last_layer():
+    cfg = recipe("dino", method__dino__freeze_last_layer=1, method__dino__warmup_teacher_temp_epochs=5,
+                 method__dino__teacher_temp=0.07)
+    method = build(cfg, total_steps=10 * STEPS_PER_EPOCH)
+    ctx0 = StepContext(0, 0, STEPS_PER_EPOCH, 10 * STEPS_PER_EPOCH)
+    later = StepContext(STEPS_PER_EPOCH * 6, 6, STEPS_PER_EPOCH, 10 * STEPS_PER_EPOCH)
+    frozen = method.frozen_params(ctx0)
+    assert frozen("head.last_layer.weight_v") and not frozen("head.mlp.0.weight")
+    assert method.frozen_params(later) is None
+    assert method.ema_momentum(ctx0) == pytest.approx(0.996) and method.ema_momentum(later) > 0.996
+    assert method.temperature(ctx0) == pytest.approx(0.04) and method.temperature(later) == pytest.approx(0.07)
+    before = method.student.head.last_layer.weight_v.clone()
+    train(method, make_batch(), 2)
+    assert torch.equal(before, method.student.head.last_layer.weight_v)
+
+
+@pytest.mark.parametrize("option", [
+    {"method__dino__teacher": "copy", "method__dino__centering": "sinkhorn"},  # Table 7 row 9 style
+    {"method__dino__loss": "mse"},
+    {"method__dino__predictor": True},
+])
+def test_dino_table7_variants_train(option):
+    method = build(recipe("dino", **option))
+    losses = train(method, make_batch(locals_=((2, 16),)), 8)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    if option.get("method__dino__teacher") == "copy":
+        assert method.ema_momentum(StepContext(5, 0, STEPS_PER_EPOCH, 1000)) == 0.0
+    if option.get("method__dino__predictor"):
+        assert any("predictor" in n for n, _ in method.student.named_parameters())
+        assert not any("predictor" in n for n, _ in method.teacher.named_parameters())
+    if option.get("method__dino__loss") == "mse":
+        assert_goes_down(losses)
+
+
+def test_esvit_trains_on_swin_with_region_loss():
+    cfg = recipe("esvit", model="swin_nano", model__img_size=64)
+    method = build(cfg)
+    batch = make_batch(global_size=64, locals_=((2, 32),))
+    losses = train(method, batch, 10)
+    assert_goes_down(losses)
+    _, metrics = method.loss(batch, StepContext(10, 0, STEPS_PER_EPOCH, 1000))
+    assert {"view_loss", "region_loss", "teacher_entropy"} <= set(metrics)
+    assert method.state_dict()["region_center"].shape == (1, 128)
+
+
+def test_esvit_region_loss_from_epoch():
+    method = build(recipe("esvit", method__dino__region_from_epoch=2))
+    batch = make_batch()
+    loss, metrics = method.loss(batch, StepContext(0, 0, STEPS_PER_EPOCH, 1000))
+    assert "region_loss" not in metrics and loss.item() == pytest.approx(metrics["view_loss"])
+    _, metrics = method.loss(batch, StepContext(250, 2, STEPS_PER_EPOCH, 1000))
+    assert "region_loss" in metrics
+
+
+@pytest.mark.parametrize("variant", ["mocov3", "simclr", "byol", "swav"])
+def test_two_view_frameworks_train(variant):
+    method = build(recipe("mocov3", method__moco__variant=variant))
+    losses = train(method, make_batch(), 10)
+    assert_goes_down(losses)
+    if variant in ("mocov3", "byol"):
+        names = set(dict(method.teacher.named_parameters()))
+        assert names <= set(dict(method.student.named_parameters()))
+        assert not any(n.startswith("predictor") for n in names)
+        assert method.ema_momentum(StepContext(0, 0, STEPS_PER_EPOCH, 1000)) >= 0.99
+
+
+def test_moco_joint_bn_batching_and_momentum_schedule():
+    cfg = recipe("mocov3", method__moco__bn_batching="joint", method__moco__momentum=0.99)
+    method = build(cfg, total_steps=3 * STEPS_PER_EPOCH)
+    assert method.ema_momentum(StepContext(3 * STEPS_PER_EPOCH - 1, 2, STEPS_PER_EPOCH, 300)) == pytest.approx(1.0)
+    assert_goes_down(train(method, make_batch(), 8))
+    with pytest.raises(UserError, match="2 global views"):
+        method.loss(make_batch(n_global=3), StepContext(0, 0, STEPS_PER_EPOCH, 300))
+
+
+def test_supervised_trains_and_mixup_runs():
+    method = build(recipe("supervised", method__supervised__mixup=0.0, method__supervised__cutmix=0.0))
+    assert_goes_down(train(method, make_batch(n_global=1), 10))
+    mixed = build(recipe("supervised"))
+    images, targets = mixed.inputs(make_batch(n_global=1))
+    assert targets.shape == (8, 4) and torch.allclose(targets.sum(-1), torch.ones(8))
+    bad = make_batch(n_global=1)
+    bad.labels[3] = 9
+    with pytest.raises(UserError, match="img3"):
+        mixed.loss(bad, StepContext(0, 0, STEPS_PER_EPOCH, 1000))
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"method__drloc__mode": "ce"},
+    {"method__drloc__mode": "gaussian", "method__drloc__exhaustive": True},
+    {"method__drloc__every_block": True, "method__drloc__mode": "signed"},
+])
+def test_drloc_trains_on_swin(options):
+    base = {"method__supervised__mixup": 0.0, "method__supervised__cutmix": 0.0}
+    method = build(recipe("drloc", model="swin_nano", model__img_size=64, **base, **options))
+    batch = make_batch(n_global=1, global_size=64)
+    losses = train(method, batch, 12)
+    assert_goes_down(losses)
+    _, metrics = method.loss(batch, StepContext(0, 0, STEPS_PER_EPOCH, 1000))
+    assert metrics["drloc_loss"] > 0 and metrics["ce_loss"] > 0
+    if options.get("method__drloc__every_block"):
+        assert len(method.student.drloc_heads) == len(method.student.backbone.block_modules())
+
+
+def test_drloc_on_vit_pools_the_grid():
+    method = build(recipe("drloc", model__img_size=64, method__drloc__grid=2, method__supervised__mixup=0.0,
+                          method__supervised__cutmix=0.0))
+    out = method.student(make_batch(n_global=1, global_size=64).crops[0], drloc_sampler=method.sampler)
+    pos1, pos2, k = out["drloc_positions"][0]
+    assert k == 2 and out["drloc"][0].shape == (8, 64, 2)
+
+
+def test_unknown_kind_is_a_user_error():
+    with pytest.raises(UserError, match="method.kind"):
+        build(recipe("barlow"))
+    with pytest.raises(UserError, match="method.moco.variant"):
+        build(recipe("mocov3", method__moco__variant="moco_v2"))
+
+
+@pytest.mark.parametrize("kind", ["dino", "mocov3", "drloc"])
+def test_methods_build_on_the_meta_device(kind):
+    from scale.engine.materialize import materialize
+
+    method = build_method(recipe(kind), STEPS_PER_EPOCH, 1000, device="meta")
+    modules = [m for m in (method.student, method.teacher) if m is not None]
+    assert all(p.is_meta for m in modules for p in m.parameters())
+    for module in modules:  # the engine's init after sharding; fails if a head leaves a tensor uninitialised
+        materialize(module, torch.device("cpu"))
+    if kind == "dino":
+        assert torch.all(method.student.head.last_layer.weight_g == 1)
+        assert method.student.head.mlp[0].weight.std().item() == pytest.approx(0.02, rel=0.2)
+
+
+@pytest.mark.parametrize("model", ["vit_nano", "vit_bn_nano"])
+def test_per_view_bn_batching_is_one_view_at_a_time(model):
+    method = build(recipe("mocov3", model=model))
+    net, x = method.student, make_batch(batch=6).crops[0]
+    per_view = net([x], [2], per_view_bn=True)["p"]
+    one_at_a_time = torch.cat([net([v], [1], per_view_bn=True)["p"] for v in x.chunk(2)])
+    assert torch.allclose(per_view, one_at_a_time, atol=1e-5)
+    assert not torch.allclose(net([x], [2], per_view_bn=False)["p"], per_view, atol=1e-3)

@@ -1,0 +1,54 @@
+import math
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from scale import schedules
+from scale.engine.config import OptimConfig
+
+
+def test_cosine_warmup_then_half_cosine_like_dino():
+    base, final, total, warmup = 1.0, 0.1, 20, 5
+    s = schedules.cosine(base, final, total, warmup, warmup_start=0.0)
+    assert len(s) == total
+    np.testing.assert_allclose([s(t) for t in range(warmup)], np.linspace(0, base, warmup, endpoint=False))
+    decay = total - warmup
+    for t in range(decay):
+        expected = final + 0.5 * (base - final) * (1 + math.cos(math.pi * t / decay))
+        assert s(warmup + t) == pytest.approx(expected)
+    assert s(warmup) == pytest.approx(base)
+    assert s(10 ** 6) == s(total - 1)  # clamped past the end
+
+
+def test_weight_decay_and_teacher_momentum_ends():
+    wd = schedules.cosine(0.04, 0.4, 100)
+    assert wd(0) == pytest.approx(0.04) and wd(99) == pytest.approx(0.4, abs=1e-3)
+    assert all(wd(t) <= wd(t + 1) for t in range(99))
+    momentum = schedules.cosine(0.996, 1.0, 100)
+    assert momentum(0) == pytest.approx(0.996) and 0.9999 < momentum(99) <= 1.0
+
+
+def test_teacher_temperature_per_epoch():
+    temps = schedules.teacher_temperature(0.04, 0.07, 30, 100)
+    assert len(temps) == 100
+    assert temps[0] == pytest.approx(0.04) and temps[29] == pytest.approx(0.07) and temps[99] == 0.07
+    assert temps[15] == pytest.approx(0.04 + 0.03 * 15 / 29)
+    short = schedules.teacher_temperature(0.04, 0.07, 30, 10)  # the official code crashes here
+    assert len(short) == 10 and short[-1] < 0.07
+    assert list(schedules.teacher_temperature(0.04, 0.04, 0, 3)) == [0.04] * 3
+
+
+def test_moco_momentum_formula():
+    assert schedules.moco_momentum(0.99, 0, 300) == pytest.approx(0.99)
+    assert schedules.moco_momentum(0.99, 150, 300) == pytest.approx(1 - 0.5 * 0.01)
+    assert schedules.moco_momentum(0.99, 300, 300) == pytest.approx(1.0)
+
+
+def test_lr_schedule_scales_with_batch():
+    optim = OmegaConf.structured(OptimConfig(lr=5e-4, warmup_epochs=2, min_lr=1e-6))
+    lr = schedules.lr_schedule(optim, global_batch=1024, steps_per_epoch=10, total_steps=100)
+    assert lr(0) == 0.0 and lr(20) == pytest.approx(5e-4 * 4)
+    assert 1e-6 < lr(99) < 1e-5  # one step short of the end, as in DINO
+    with pytest.raises(ValueError, match="lr_scaling"):
+        schedules.scaled_lr(1.0, 1, 1, "cubic")
