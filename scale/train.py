@@ -12,11 +12,12 @@ from omegaconf import DictConfig, OmegaConf
 from scale.checkpoint import Checkpointer
 from scale.config import load_recipe
 from scale.config.load import from_dict
-from scale.data import build_loader
+from scale.data.loader import build_loader
 from scale.data.batch import split_batch
 from scale.engine import build_engine
 from scale.engine.dist import DistInfo, init_distributed, seed_everything, shutdown
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
+from scale.faults import maybe_kill
 from scale.launch.local import already_launched, spawn
 from scale.methods import build_method
 from scale.methods.base import StepContext
@@ -25,7 +26,7 @@ from scale.preemption import Preemption
 from scale.progress import progress_bar
 from scale.resume import check_compatible
 from scale.rundir import MetricsWriter, RunDir, setup_logging
-from scale.schedules import training_schedules
+from scale.schedules import lr_schedule, wd_schedule
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,8 @@ class Trainer:
         self.method = build_method(cfg, self.steps_per_epoch, self.total_steps)
         self.engine = build_engine(cfg.engine, cfg.optim, info, device)
         self.engine.setup(self.method)
-        self.schedules = training_schedules(cfg, self.steps_per_epoch, self.total_steps)
+        self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
+        self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
         self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, self.method, self.loader)
         self.metrics = MetricsWriter(run, info.is_main)
         self.preemption = Preemption(list(cfg.train.preempt_signals))
@@ -84,7 +86,7 @@ class Trainer:
         log.info("training %s: steps %d..%d of %d (%d per epoch), world size %d, engine %s",
                  self.cfg.meta.name, start, stop, self.total_steps, self.steps_per_epoch, self.info.world_size,
                  self.cfg.engine.kind)
-        batches = iter(self.loader)
+        batches = self._batches()
         bar = progress_bar(total=stop, initial=start, enabled=self.info.is_main, desc="train")
         try:
             for step in range(start, stop):
@@ -95,6 +97,7 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
                 done = step + 1
+                maybe_kill("step", done)
                 if self.preemption.requested():
                     self.checkpointer.save(done)
                     return PREEMPTED_EXIT_CODE
@@ -109,6 +112,11 @@ class Trainer:
         log.info("finished at step %d; run directory %s", stop, self.run.root)
         return 0
 
+    def _batches(self):
+        """Batches across epochs: the loader yields one epoch per iteration, from its saved position."""
+        while True:
+            yield from self.loader
+
     def _next_batch(self, batches):
         start = time.perf_counter()
         batch = next(batches)
@@ -118,7 +126,7 @@ class Trainer:
     def train_step(self, step: int, batch) -> dict:
         ctx = StepContext(step=step, epoch=step // self.steps_per_epoch, steps_per_epoch=self.steps_per_epoch,
                           total_steps=self.total_steps)
-        lr, wd = self.schedules.lr[step], self.schedules.weight_decay[step]
+        lr, wd = self.lr(step), self.weight_decay(step)
         apply_schedule(self.engine.optimizer.param_groups, lr, wd)
         started = time.perf_counter()
         totals: dict[str, float] = {}

@@ -18,6 +18,7 @@ from scale.checkpoint import rng
 from scale.checkpoint.store import CheckpointStore, step_name
 from scale.engine.dist import DistInfo
 from scale.errors import UserError
+from scale.faults import maybe_kill
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class Checkpointer:
         _barrier()
         meta = {"epoch": step // max(self.loader.steps_per_epoch, 1), "engine": self.cfg.engine.kind,
                 "world_size": self.info.world_size, "recipe": self.cfg.meta.name,
-                "samples_seen": self.loader.state_dict().get("samples_seen")}
+                "samples_seen": self.loader.state_dict().get("position")}
         (staging / "rng").mkdir(exist_ok=True)
         torch.save(rng.capture(), staging / "rng" / f"rank{self.info.rank}.pt")
         if self.engine.native_checkpoint:
@@ -89,6 +90,7 @@ class Checkpointer:
 
     def _seal(self, step: int, meta: dict) -> None:
         _barrier()  # every rank's files are on disk
+        maybe_kill("save", step)
         if self.info.is_main:
             final = self.store.commit(step, meta)
             removed = self.store.retain(self.cfg.train.keep_last, self.cfg.train.keep_every)

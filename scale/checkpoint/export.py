@@ -1,0 +1,97 @@
+"""Read a checkpoint offline (no process group, any world size): what it holds, and a consolidated backbone
+state dict for evaluation, fine-tuning or timm (`strict=True`)."""
+
+import hashlib
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from scale.checkpoint.store import CheckpointStore, resolve
+from scale.errors import UserError
+
+WHAT = {"teacher-backbone": "engine.teacher.backbone.", "student-backbone": "engine.student.backbone."}
+
+
+def _reader(folder: Path) -> FileSystemReader:
+    if not (folder / "dcp").is_dir():
+        raise UserError(f"{folder}: no DCP state (a DeepSpeed checkpoint? export it with engine.kind=deepspeed "
+                        f"tools: deepspeed.utils.zero_to_fp32)")
+    return FileSystemReader(str(folder / "dcp"))
+
+
+def tensor_keys(folder: Path) -> dict[str, TensorStorageMetadata]:
+    meta = _reader(folder).read_metadata()
+    return {k: v for k, v in meta.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+
+
+def read_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """Every tensor whose flattened key starts with `prefix`, consolidated in full, keys without the prefix."""
+    keys = {k: v for k, v in tensor_keys(folder).items() if k.startswith(prefix)}
+    if not keys:
+        raise UserError(f"{folder}: no tensors under '{prefix.rstrip('.')}' (does this method have it?)")
+    template = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in keys.items()}
+    with warnings.catch_warnings():  # DCP warns that no process group exists: reading offline is the point
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(template, storage_reader=_reader(folder), no_dist=True)
+    return {k[len(prefix):]: t for k, t in sorted(template.items())}
+
+
+def checksum(tensors: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for key, tensor in sorted(tensors.items()):
+        digest.update(key.encode())
+        digest.update(tensor.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def info(path: str | Path) -> dict:
+    folder = resolve(path)
+    meta = CheckpointStore(folder.parent).read_meta(folder)
+    sizes = meta.get("files", {})
+    out = {"checkpoint": str(folder), "step": meta["step"], "epoch": meta.get("epoch"), "engine": meta["engine"],
+           "world_size": meta["world_size"], "recipe": meta.get("recipe"), "samples_seen": meta.get("samples_seen"),
+           "bytes": sum(sizes.values()), "files": len(sizes)}
+    if (folder / "dcp").is_dir():
+        keys = tensor_keys(folder)
+        for part in ("student", "teacher", "optimizer"):
+            prefix = f"engine.{part}."
+            out[f"{part}_tensors"] = sum(1 for k in keys if k.startswith(prefix))
+        model = {}
+        for part in ("student", "teacher"):
+            if out[f"{part}_tensors"]:
+                model.update({f"{part}.{k}": t for k, t in read_tensors(folder, f"engine.{part}.").items()})
+        out["model_checksum"] = checksum(model)
+    return out
+
+
+def export(path: str | Path, what: str, fmt: str, out: str | Path) -> Path:
+    if what not in WHAT:
+        raise UserError(f"--what must be one of {', '.join(WHAT)}, got '{what}'")
+    tensors = read_tensors(resolve(path), WHAT[what])
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: t.contiguous() for k, t in tensors.items()}, str(out))
+    elif fmt == "torch":
+        torch.save(tensors, out)
+    else:
+        raise UserError(f"--format must be safetensors or torch, got '{fmt}'")
+    return out
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """An exported state dict (safetensors or torch, loaded weights_only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)

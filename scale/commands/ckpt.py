@@ -1,0 +1,36 @@
+"""scale ckpt info|export"""
+
+import json
+
+from scale.checkpoint.export import export, info
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("ckpt", help="inspect and export checkpoints")
+    csub = parser.add_subparsers(dest="ckpt_command", required=True, metavar="ACTION")
+    show = csub.add_parser("info", help="what a checkpoint holds")
+    show.add_argument("path", help="run directory, its checkpoints/ folder, or a step directory")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_info)
+    exp = csub.add_parser("export", help="write a consolidated backbone state dict")
+    exp.add_argument("path", help="run directory or step directory")
+    exp.add_argument("--what", default="teacher-backbone", help="teacher-backbone | student-backbone")
+    exp.add_argument("--format", default="safetensors", help="safetensors | torch")
+    exp.add_argument("--out", required=True)
+    exp.set_defaults(func=cmd_export)
+
+
+def cmd_info(args) -> int:
+    result = info(args.path)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        width = max(map(len, result))
+        for key, value in result.items():
+            print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    print(export(args.path, args.what, args.format, args.out))
+    return 0

@@ -1,0 +1,91 @@
+"""Run reports: a markdown table of the paper's numbers next to ours, and PNG plots of loss, k-NN accuracy and
+throughput, all read from run directories (config.yaml, metrics.jsonl, eval/*.json)."""
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: runs on headless nodes
+import matplotlib.pyplot as plt  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from scale.errors import UserError  # noqa: E402
+from scale.rundir import RunDir, read_metrics  # noqa: E402
+
+PLOTS = {"loss": ("loss", "training loss"), "knn": ("knn_top1", "k-NN top-1 (%)"),
+         "throughput": ("images_per_s", "images/s (global)")}
+
+
+def load_run(path: str | Path) -> dict:
+    run = RunDir(path)
+    if not run.config.exists():
+        raise UserError(f"{path}: not a run directory (no config.yaml)")
+    evals = {}
+    for file in sorted((run.root / "eval").glob("*.json")) if (run.root / "eval").is_dir() else []:
+        evals[file.stem] = json.loads(file.read_text())
+    return {"root": run.root, "config": OmegaConf.load(run.config), "metrics": read_metrics(run.metrics),
+            "evals": evals}
+
+
+def plot_series(runs: list[dict], key: str, ylabel: str, out: Path) -> Path | None:
+    """One line per run of metric `key` against the step; None when no run logged it."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    drawn = False
+    for run in runs:
+        points = [(m["step"], m[key]) for m in run["metrics"] if isinstance(m.get(key), (int, float))]
+        if points:
+            steps, values = zip(*points)
+            ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=run["config"].meta.name)
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _last(metrics: list[dict], key: str):
+    values = [m[key] for m in metrics if isinstance(m.get(key), (int, float))]
+    return values[-1] if values else None
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """Paper-reported numbers (meta.reported) next to what the run measured."""
+    lines = ["| recipe | paper | table | row | reported | measured k-NN top-1 | final loss | images/s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        meta = run["config"].meta
+        reported = ", ".join(f"{k} {v}" for k, v in OmegaConf.to_container(meta.reported).items()) or "–"
+        knn = run["evals"].get("knn_after", run["evals"].get("knn", {})).get("top1")
+        lines.append(f"| {meta.name} | {meta.paper} | {meta.table} | {meta.row} | {reported} | {_fmt(knn)} | "
+                     f"{_fmt(_last(run['metrics'], 'loss'))} | {_fmt(_last(run['metrics'], 'images_per_s'))} |")
+    return "\n".join(lines)
+
+
+def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "scale report",
+                 extra_sections: list[str] | None = None) -> Path:
+    runs = [load_run(p) for p in run_dirs]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts = [f"# {title}", "", markdown_table(runs), ""]
+    parts += extra_sections or []
+    for name, (key, label) in PLOTS.items():
+        png = plot_series(runs, key, label, out_dir / f"{name}.png")
+        if png:
+            parts += [f"![{label}]({png.name})", ""]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(parts))
+    return report
