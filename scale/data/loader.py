@@ -317,8 +317,11 @@ class Loader:
             dataset = _Resampled(self, self.position // self.global_batch,
                                  self.position // self.global_batch + self.steps_per_epoch - start)
         workers = int(self.cfg.workers)
+        # an own generator: creating the iterator must not draw from the global torch RNG, or a resumed run
+        # (which creates it at another step) would see different dropout / drop-path masks
+        generator = torch.Generator().manual_seed(hash_seed(self.seed, epoch, self.rank) % 2**63)
         loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=False,
-                            prefetch_factor=2 if workers else None)
+                            prefetch_factor=2 if workers else None, generator=generator)
         if start == 0:
             self.epoch_errors = 0
         for batch, errors in loader:

@@ -94,7 +94,8 @@ class Dino(Method):
         self.momentum = schedules.cosine(dc.momentum_teacher, 1.0, total_steps)
         self.teacher_temp = schedules.teacher_temperature(dc.warmup_teacher_temp, dc.teacher_temp,
                                                           dc.warmup_teacher_temp_epochs, epochs)
-        self.center: torch.Tensor | None = None
+        # created with the method (not lazily) so that a checkpoint template always has it to load into
+        self.center = torch.zeros(1, dc.out_dim)
 
     def _head(self, in_dim: int, norm_last_layer: bool, predictor: bool) -> DinoHead:
         dc = self.cfg
@@ -112,8 +113,6 @@ class Dino(Method):
         return teacher_probs(teacher_logits, center, temp, iters)
 
     def view_loss(self, student_logits, teacher_logits, temp, n_teacher, n_student) -> tuple[torch.Tensor, dict]:
-        if self.center is None:
-            self.center = torch.zeros(1, teacher_logits.shape[-1], device=teacher_logits.device)
         self.center = self.center.to(teacher_logits.device)
         targets = self._targets(teacher_logits, self.center, temp)
         ce = cross_entropy_pairs(student_logits, targets, self.cfg.student_temp, n_teacher, n_student)
@@ -144,8 +143,7 @@ class Dino(Method):
         return None
 
     def state_dict(self) -> dict:
-        return {} if self.center is None else {"center": self.center.cpu()}
+        return {"center": self.center.cpu()}
 
     def load_state_dict(self, state: dict) -> None:
-        if "center" in state:
-            self.center = state["center"].clone()
+        self.center = state["center"].clone()

@@ -55,7 +55,7 @@ def region_loss_pairs(student_tokens: list[torch.Tensor], teacher_tokens: list[t
 class Esvit(Dino):
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         super().__init__(cfg, steps_per_epoch, total_steps, backbone_fn)
-        self.region_center: torch.Tensor | None = None
+        self.region_center = torch.zeros(1, self.cfg.out_dim)
 
     def _build(self, backbone: nn.Module, norm_last_layer: bool, predictor: bool) -> MultiCropNet:
         return MultiCropNet(backbone, self._head(backbone.embed_dim, norm_last_layer, predictor),
@@ -76,8 +76,6 @@ class Esvit(Dino):
             return view, {"loss": view.item(), "view_loss": view.item(), "teacher_temp": temp, **metrics}
 
         teacher_region = teacher["region_logits"][0]  # [V_t*B, N_t, K]
-        if self.region_center is None:
-            self.region_center = torch.zeros(1, teacher_region.shape[-1], device=teacher_region.device)
         self.region_center = self.region_center.to(teacher_region.device)
         probs = self._targets(teacher_region.flatten(0, 1), self.region_center, temp).view_as(teacher_region)
         region_loss = region_loss_pairs(
@@ -95,10 +93,7 @@ class Esvit(Dino):
                       "teacher_temp": temp, **metrics}
 
     def state_dict(self) -> dict:
-        state = super().state_dict()
-        if self.region_center is not None:
-            state["region_center"] = self.region_center.cpu()
-        return state
+        return {**super().state_dict(), "region_center": self.region_center.cpu()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

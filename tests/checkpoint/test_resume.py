@@ -1,0 +1,97 @@
+"""Exact resume: killed runs (SIGKILL after a step, or inside a checkpoint write) resume to the bit-identical
+state of an uninterrupted run, having seen the same samples; FSDP2 checkpoints resume on other world sizes."""
+
+import json
+
+import pytest
+import torch
+
+from scale.checkpoint.export import read_tensors
+from scale.checkpoint.store import resolve
+from scale.errors import PREEMPTED_EXIT_CODE
+from tests.helpers_run import TINY, embedded_data, run_train  # noqa: F401
+
+STEPS = 6
+OVERRIDES = TINY + [f"train.max_steps={STEPS}", "train.ckpt_every_steps=2", "model.drop_path=0.1",
+                    "train.keep_last=10"]
+
+
+def losses(run_dir) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["loss"] for row in rows}
+
+
+def final_state(run_dir) -> dict[str, torch.Tensor]:
+    return read_tensors(resolve(run_dir), "")
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"tensors differ after resume: {different[:5]}"
+
+
+@pytest.fixture(scope="module")
+def reference(embedded_data, tmp_path_factory):  # noqa: F811
+    run_dir = tmp_path_factory.mktemp("reference")
+    out = run_train(embedded_data, run_dir, OVERRIDES)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.parametrize("fault", ["step@3", "save@4"])
+def test_killed_run_resumes_bit_identical(embedded_data, reference, tmp_path, fault):  # noqa: F811
+    killed = run_train(embedded_data, tmp_path, OVERRIDES, fault=fault)
+    assert killed.returncode != 0
+    if fault.startswith("save"):  # the interrupted write left no sealed step_4, and step_2 is still the newest
+        assert not (tmp_path / "checkpoints" / "step_000000004").exists()
+    resumed = run_train(embedded_data, tmp_path, OVERRIDES)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    assert_same_state(final_state(reference), final_state(tmp_path))
+    ref_losses, our_losses = losses(reference), losses(tmp_path)
+    assert all(our_losses[s] == ref_losses[s] for s in our_losses), "a resumed step saw other samples"
+
+
+def test_preemption_signal_checkpoints_and_exits_for_requeue(embedded_data, tmp_path):  # noqa: F811
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, SCALE_DATA=str(embedded_data), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "scale.cli", "train", "demo/dino_tiny", *TINY,
+                             "train.max_steps=400", "--run-dir", str(tmp_path), "--nproc", "2"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
+    folder = resolve(tmp_path)
+    step = json.loads((folder / "meta.json").read_text())["step"]
+    assert 3 <= step < 400
+    resumed = run_train(embedded_data, tmp_path, TINY + [f"train.max_steps={step + 2}"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert max(losses(tmp_path)) == step + 2
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_fsdp2_checkpoint_resumes_on_another_world_size(embedded_data, reference, tmp_path, world):  # noqa: F811
+    import shutil
+
+    shutil.copytree(reference, tmp_path, dirs_exist_ok=True)
+    saved = final_state(tmp_path)
+    out = run_train(embedded_data, tmp_path, TINY + [f"train.max_steps={STEPS}", "model.drop_path=0.1",
+                                                     "train.ckpt_every_steps=2", "train.keep_last=10"], nproc=world)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resumed from" in out.stderr
+    # nothing left to train: the re-saved state is the loaded state, exactly
+    assert_same_state(saved, final_state(tmp_path))
+    more = run_train(embedded_data, tmp_path, TINY + [f"train.max_steps={STEPS + 2}", "model.drop_path=0.1",
+                                                      "train.ckpt_every_steps=2", "train.keep_last=10"], nproc=world)
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert max(losses(tmp_path)) == STEPS + 2

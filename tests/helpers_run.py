@@ -1,0 +1,33 @@
+"""Run `scale train` in real processes for end-to-end tests (CPU, gloo)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scale.data.embedded import build
+
+TINY = ["train.global_batch=16", "train.log_every=1", "data.views.n_local=[2]", "method.dino.out_dim=64",
+        "method.dino.hidden_dim=32", "method.dino.bottleneck_dim=16"]
+
+
+@pytest.fixture(scope="session")
+def embedded_data(tmp_path_factory) -> Path:
+    """SCALE_DATA root with the embedded digits and photos shards, built once per test session."""
+    root = tmp_path_factory.mktemp("data")
+    for name in ("digits", "photos"):
+        build(name, root / "embedded" / name)
+    return root
+
+
+def run_train(data_root: Path, run_dir: Path, overrides: list[str], nproc: int = 2, fault: str | None = None,
+              recipe: str = "demo/dino_tiny", timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SCALE_DATA=str(data_root), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env.pop("SCALE_FAULT", None)
+    if fault:
+        env["SCALE_FAULT"] = fault
+    cmd = [sys.executable, "-m", "scale.cli", "train", recipe, *overrides, "--run-dir", str(run_dir),
+           "--nproc", str(nproc)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
