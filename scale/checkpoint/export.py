@@ -83,15 +83,3 @@ def export(path: str | Path, what: str, fmt: str, out: str | Path) -> Path:
     else:
         raise UserError(f"--format must be safetensors or torch, got '{fmt}'")
     return out
-
-
-def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """An exported state dict (safetensors or torch, loaded weights_only)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"weights file not found: {path}")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)

@@ -38,13 +38,40 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
+    batch_size: int = 128  # images per rank in every evaluation pass (DINO: 128 per GPU)
+    # k-NN (DINO eval_knn.py): weighted votes exp(sim / T) of the k nearest L2-normalised training features
     knn_k: List[int] = field(default_factory=lambda: [10, 20, 100, 200])
     knn_temperature: float = 0.07
-    linear_n_last_blocks: int = 4
-    linear_avgpool: bool = False
+    # k-NN monitor during pre-training (MoCo v3 appendix; Wu et al. 2018 k-NN): queue = 10% of ImageNet-1k
+    knn_monitor_queue: int = 128000
+    knn_monitor_k: int = 200
+    # linear probe (DINO eval_linear.py): frozen backbone, SGD momentum 0.9, wd 0, cosine to 0 per epoch
+    linear_n_last_blocks: int = 4  # DINO: 4 for ViT-S, 1 for ViT-B (with avgpool)
+    linear_avgpool: bool = False  # ViT: also the mean of the last block's patch tokens
+    # the grid trained at once; each lr is for 256 images and scales linearly with the global batch (DINO)
     linear_lrs: List[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1])
     linear_epochs: int = 100
-    batch_size: int = 128
+    linear_val_fraction: float = 0.01  # training samples held out (by key) to choose the lr
+    # logistic-regression transfer suite (EsViT C.5): L-BFGS, lambda searched over 1e-6..1e6
+    logreg_max_iter: int = 1000
+    logreg_val_fraction: float = 0.2  # carved from train when a data set ships no val split besides its test split
+    # correspondence (EsViT C.7): flip, then colour jitter and greyscale of the center crop; top-10 matches
+    correspondence_top: int = 10
+    correspondence_jitter: List[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
+    correspondence_grayscale_p: float = 0.2
+    correspondence_images: Optional[int] = None  # None: every image of data.val (the paper: 50K ImageNet val)
+    # end-to-end fine-tuning (DeiT recipe: MoCo v3 Table 5, DINO Table 6); batch = eval.batch_size per rank
+    finetune_epochs: int = 100
+    finetune_lr: float = 5e-4  # AdamW, for 512 images, scaled linearly with the global batch (DeiT)
+    finetune_min_lr: float = 1e-5
+    finetune_warmup_epochs: int = 5
+    finetune_warmup_lr: float = 1e-6
+    finetune_weight_decay: float = 0.05  # not on biases and 1-D parameters
+    finetune_drop_path: float = 0.1
+    finetune_mixup: float = 0.8  # mixup alpha (0: off)
+    finetune_cutmix: float = 1.0  # cutmix alpha (0: off)
+    finetune_label_smoothing: float = 0.1
+    finetune_clip_grad: Optional[float] = None  # global grad-norm clip (DeiT: none)
 
 
 @dataclass

@@ -1,0 +1,17 @@
+"""scale demo [--method dino|esvit|mocov3|drloc] [--run-dir DIR] [--steps N]"""
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("demo", help="the whole story on a laptop: shards, k-NN, training, resume, report")
+    parser.add_argument("--method", default="dino", help="dino | esvit | mocov3 | drloc")
+    parser.add_argument("--run-dir", default="runs/demo", help="where shards, runs and the report go")
+    parser.add_argument("--steps", type=int, help="train this many steps instead of the recipe's epochs")
+    parser.add_argument("--nproc", type=int, default=2, help="CPU processes (gloo)")
+    parser.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args) -> int:
+    from scale.demo import run_demo
+
+    run_demo(args.method, args.run_dir, args.steps, args.nproc)
+    return 0

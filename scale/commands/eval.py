@@ -1,0 +1,172 @@
+"""scale eval knn|linear|logreg|correspondence|finetune RECIPE [overrides] (--weights FILE | --random-init)"""
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+HELP = {
+    "knn": "weighted k-NN of data.val against data.train (DINO protocol)",
+    "linear": "linear probe on a frozen backbone, a grid of learning rates in one run",
+    "logreg": "logistic-regression transfer suite (EsViT C.5)",
+    "correspondence": "token correspondence between a center crop and its flipped, jittered view (EsViT C.7)",
+    "finetune": "end-to-end fine-tuning with a new head (DeiT recipe: AdamW, warmup + cosine, mixup/cutmix)",
+}
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("eval", help="evaluate a backbone (k-NN, linear, logreg, correspondence, finetune)")
+    esub = parser.add_subparsers(dest="eval_command", required=True, metavar="EVAL")
+    for kind, text in HELP.items():
+        child = esub.add_parser(kind, help=text, description=text)
+        _common(child, kind)
+        if kind == "knn":
+            child.add_argument("--save-features", metavar="FILE", help="save the train/val features (rank 0)")
+            child.add_argument("--load-features", metavar="FILE", help="use features saved earlier; no backbone run")
+        if kind == "logreg":
+            child.add_argument("--suite", metavar="YAML", help="datasets: [{name, root, metric}]")
+            child.add_argument("--dataset", action="append", default=[], metavar="[NAME=]ROOT[:METRIC]",
+                               help="a data set root holding train/, test/ (and val/) shard directories; repeatable")
+            child.add_argument("--reference", metavar="JSON", help="a reference model's results: average and wins")
+        if kind == "finetune":
+            child.add_argument("--save", metavar="FILE", help="write the fine-tuned model (.safetensors, rank 0)")
+        child.set_defaults(func=cmd_eval, eval_kind=kind, parser=child)
+
+
+def _common(parser: argparse.ArgumentParser, kind: str) -> None:
+    parser.add_argument("recipe", help="recipe name or YAML path (model, data and eval sections)")
+    parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. eval.knn_k=[20] data.val=DIR")
+    source = parser.add_mutually_exclusive_group(required=kind != "knn")
+    source.add_argument("--weights", metavar="FILE", help="exported backbone (.safetensors or torch state dict)")
+    source.add_argument("--random-init", action="store_true", help="evaluate the backbone at random init")
+    parser.add_argument("--model", help="backbone name (overrides model.name)")
+    parser.add_argument("--out", help=f"result JSON (default eval/{kind}.json)")
+    parser.add_argument("--nproc", type=int, default=0,
+                        help="spawn this many local processes (CPU: gloo); leave unset under torchrun or srun")
+
+
+def argv_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The command line that reproduces `args` (for the spawned ranks)."""
+    positional, options = [], []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if isinstance(action, argparse._HelpAction) or value is None or value == action.default:
+            continue
+        if not action.option_strings:
+            positional += value if isinstance(value, list) else [value]
+        elif isinstance(action, argparse._StoreTrueAction):
+            options.append(action.option_strings[0])
+        elif isinstance(action, argparse._AppendAction):
+            for item in value:
+                options += [action.option_strings[0], str(item)]
+        else:
+            options += [action.option_strings[0], str(value)]
+    return ["eval", args.eval_kind, *positional, *options]
+
+
+def cmd_eval(args) -> int:
+    from scale.engine.dist import init_distributed, shutdown
+    from scale.errors import UserError
+    from scale.eval.session import build_config, open_session, write_json
+    from scale.launch.local import already_launched, spawn
+    from scale.rundir import setup_logging
+
+    cfg = build_config(args.recipe, args.overrides, args.model)  # validate before spawning anything
+    if args.eval_kind == "knn" and not (args.weights or args.random_init or args.load_features):
+        raise UserError("scale eval knn: give --weights FILE, --random-init or --load-features FILE")
+    suite = _suite(args) if args.eval_kind == "logreg" else None
+    if args.nproc > 1 and not already_launched():
+        return spawn(args.nproc, argv_of(args.parser, args))
+    info, device = init_distributed()
+    setup_logging(None, info.rank)
+    try:
+        session = open_session(cfg, info, device, args.weights)
+        result = _run(args, session, suite)
+        if info.is_main:
+            path = write_json(args.out or f"eval/{args.eval_kind}.json", result)
+            Console().print(TABLES[args.eval_kind](result))
+            print(f"wrote {path}")
+    finally:
+        shutdown()
+    return 0
+
+
+def _suite(args) -> list[dict]:
+    from scale.errors import UserError
+    from scale.eval.logreg import parse_dataset_arg, read_reference, read_suite
+
+    suite = (read_suite(args.suite) if args.suite else []) + [parse_dataset_arg(d) for d in args.dataset]
+    if not suite:
+        raise UserError("scale eval logreg: give --suite YAML or at least one --dataset ROOT")
+    names = [entry["name"] for entry in suite]
+    if len(set(names)) != len(names):
+        raise UserError(f"scale eval logreg: data set names must be unique, got {names}")
+    if args.reference:
+        read_reference(args.reference)  # fail before the features are extracted
+    return suite
+
+
+def _run(args, session, suite) -> dict:
+    from scale.eval import correspondence, finetune, knn, linear, logreg
+
+    if args.eval_kind == "knn":
+        return knn.run(session, args.save_features, args.load_features)
+    if args.eval_kind == "linear":
+        return linear.run(session)
+    if args.eval_kind == "logreg":
+        return logreg.run(session, suite, args.reference)
+    if args.eval_kind == "finetune":
+        return finetune.run(session, args.save)
+    return correspondence.run(session)
+
+
+def _title(result: dict) -> str:
+    weights = "random init" if result["random_init"] else result["weights"]
+    return f"{result['eval']}: {result['model']} ({weights})"
+
+
+def knn_table(result: dict) -> Table:
+    table = Table("k", "top-1 (%)", "top-5 (%)", title=_title(result))
+    for k, acc in result["per_k"].items():
+        table.add_row(k, f"{acc['top1']:.2f}", f"{acc['top5']:.2f}")
+    return table
+
+
+def linear_table(result: dict) -> Table:
+    table = Table("lr (per 256)", "lr", "val top-1 (%)", "test top-1 (%)", "", title=_title(result))
+    for i, (base, lr) in enumerate(zip(result["base_lrs"], result["lrs"])):
+        table.add_row(f"{base:g}", f"{lr:g}", f"{result['val_top1'][i]:.2f}", f"{result['test_top1_all'][i]:.2f}",
+                      "chosen" if i == result["best_index"] else "")
+    return table
+
+
+def logreg_table(result: dict) -> Table:
+    reference = result.get("reference", {}).get("per_dataset", {})
+    table = Table("data set", "metric", "score", "lambda", "reference", title=_title(result))
+    for name, entry in result["datasets"].items():
+        ref = reference.get(name, {}).get("reference")
+        table.add_row(name, entry["metric"], f"{entry['score']:.2f}", f"{entry['best_lambda']:.3g}",
+                      "" if ref is None else f"{ref:.2f}")
+    footer = f"{result['average']:.2f}"
+    if "reference" in result:
+        footer += f" (wins {result['reference']['wins']}/{result['reference']['compared']})"
+    table.add_row("average", "", footer, "", "")
+    return table
+
+
+def correspondence_table(result: dict) -> Table:
+    table = Table("images", "top", "accuracy (%)", "distance error (px)", "similarity", title=_title(result))
+    table.add_row(str(result["images"]), str(result["top"]), f"{result['accuracy']:.2f}",
+                  f"{result['distance_error_px']:.2f}", f"{result['similarity']:.3f}")
+    return table
+
+
+def finetune_table(result: dict) -> Table:
+    table = Table("epoch", "loss", "val top-1 (%)", "val top-5 (%)", title=_title(result))
+    for row in result["history"]:
+        table.add_row(str(row["epoch"]), f"{row['loss']:.4f}", f"{row['top1']:.2f}", f"{row['top5']:.2f}")
+    return table
+
+
+TABLES = {"knn": knn_table, "linear": linear_table, "logreg": logreg_table, "correspondence": correspondence_table,
+          "finetune": finetune_table}

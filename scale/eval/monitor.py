@@ -1,0 +1,73 @@
+"""The k-NN monitor of MoCo v3 (appendix): k-NN accuracy during pre-training, cheap enough for every few tens of steps.
+
+A memory bank (a queue, 10% of ImageNet in the paper) holds the class-token features of recent training samples
+(augmented views, so no extra forward pass is needed). Every step, each rank first classifies its own new samples
+against the bank as it is (weighted k-NN, Wu et al. 2018: k=200, T=0.07), then the samples of all ranks are
+enqueued. `accuracy()` returns the share classified correctly since its previous call, over all ranks.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from scale.eval.features import gather_rows
+from scale.eval.knn import nearest, vote
+
+
+class KnnMonitor:
+    def __init__(self, size: int, dim: int, num_classes: int, k: int = 200, temperature: float = 0.07,
+                 device: torch.device | str = "cpu"):
+        if size < 1 or k < 1:
+            raise ValueError(f"k-NN monitor: queue size ({size}) and k ({k}) must be positive")
+        self.k, self.temperature, self.num_classes = k, temperature, num_classes
+        self.features = torch.zeros(size, dim, device=device)
+        self.labels = torch.zeros(size, dtype=torch.long, device=device)
+        self.filled = 0  # valid rows (the queue is full once filled == size)
+        self.head = 0  # next row to overwrite
+        self.counts = torch.zeros(2, dtype=torch.float64, device=device)  # correct, scored since accuracy()
+
+    @classmethod
+    def from_config(cls, cfg, dim: int, device: torch.device | str = "cpu") -> "KnnMonitor":
+        """The monitor of a recipe: eval.knn_monitor_queue rows of `dim` features, data.num_classes classes."""
+        return cls(int(cfg.eval.knn_monitor_queue), dim, int(cfg.data.num_classes), int(cfg.eval.knn_monitor_k),
+                   float(cfg.eval.knn_temperature), device)
+
+    @torch.no_grad()
+    def update(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        """Score this rank's samples against the bank, then enqueue the samples of every rank.
+
+        A collective under torch.distributed: every rank calls it every step. Unlabelled samples (label -1) are
+        skipped; multi-label batches are not supported.
+        """
+        if labels.ndim != 1:
+            raise ValueError("the k-NN monitor needs single-label data (labels of shape [B])")
+        features = F.normalize(features.detach().float(), dim=1).to(self.features.device)
+        labels = labels.to(self.features.device)
+        keep = labels >= 0
+        features, labels = features[keep], labels[keep]
+        if self.filled and labels.numel():
+            sim, idx = nearest(features, self.features[:self.filled], self.k)
+            scores = vote(sim, self.labels[:self.filled][idx], self.num_classes, self.temperature)
+            self.counts[0] += (scores.argmax(1) == labels).sum()
+            self.counts[1] += labels.numel()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            features, labels = gather_rows(features), gather_rows(labels)
+        self._enqueue(features, labels)
+
+    def _enqueue(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        size = self.features.shape[0]
+        features, labels = features[-size:], labels[-size:]  # a batch larger than the queue keeps its newest rows
+        rows = (self.head + torch.arange(labels.numel(), device=labels.device)) % size
+        self.features[rows] = features
+        self.labels[rows] = labels
+        self.head = (self.head + labels.numel()) % size
+        self.filled = min(size, self.filled + labels.numel())
+
+    @torch.no_grad()
+    def accuracy(self) -> float | None:
+        """Top-1 accuracy (%) since the previous call, over all ranks (a collective); None if nothing was scored."""
+        counts = self.counts.clone()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(counts)
+        self.counts.zero_()
+        return None if counts[1] == 0 else 100.0 * float(counts[0] / counts[1])

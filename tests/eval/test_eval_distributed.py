@@ -1,0 +1,73 @@
+"""Two gloo ranks give the numbers of one process: the k-NN monitor and the linear probe's lr grid."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from scale.engine.dist import free_port
+from scale.eval.linear import LinearHeads, run_probe
+from scale.eval.monitor import KnnMonitor
+
+
+def stream(seed, steps, batch, classes=4, dim=8):
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(classes, dim, generator=torch.Generator().manual_seed(99)) * 2
+    out = []
+    for step in range(steps):
+        labels = torch.randint(0, classes, (batch,), generator=g)
+        keys = [f"{step * batch + i:09d}" for i in range(batch)]
+        out.append((centers[labels] + 1.5 * torch.randn(batch, dim, generator=g), labels, keys))
+    return out
+
+
+def halves(batches, rank, world):
+    """This rank's slice of every global batch, as the training loader splits it."""
+    size = batches[0][0].shape[0] // world
+    return [(f[rank * size:(rank + 1) * size], l[rank * size:(rank + 1) * size], k[rank * size:(rank + 1) * size])
+            for f, l, k in batches]
+
+
+def monitor_run(batches):
+    monitor = KnnMonitor(24, 8, 4, k=5)
+    accuracies = []
+    for step, (feats, labels, _) in enumerate(batches):
+        monitor.update(feats, labels)
+        if step % 2 == 1:
+            accuracies.append(monitor.accuracy())
+    return accuracies, monitor
+
+
+def probe_run(train, test):
+    heads = LinearHeads(8, 4, 2, seed=1)
+    result = run_probe(heads, [0.05, 0.5], 3, lambda epoch: train, lambda: train, lambda: test, val_fraction=0.25)
+    return result, heads
+
+
+def worker(rank, port, data, out):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        accuracies, monitor = monitor_run(halves(data["monitor"], rank, 2))
+        result, heads = probe_run(halves(data["train"], rank, 2), halves(data["test"], rank, 2))
+        if rank == 0:
+            torch.save({"acc": accuracies, "queue": monitor.features, "probe": result,
+                        "weight": heads.heads[1].weight.detach()}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_equal_one_process(tmp_path):
+    data = {"monitor": stream(0, 6, 10), "train": stream(1, 8, 16), "test": stream(2, 3, 10)}
+    accuracies, monitor = monitor_run(data["monitor"])
+    result, heads = probe_run(data["train"], data["test"])
+    out = tmp_path / "rank0.pt"
+    mp.spawn(worker, args=(free_port(), data, str(out)), nprocs=2)
+    two = torch.load(out, weights_only=False)
+    # each rank scores its half against the shared queue; both halves are enqueued in rank order
+    assert two["acc"] == pytest.approx(accuracies)
+    assert torch.allclose(two["queue"], monitor.features)
+    # gradients summed over ranks, loss normalised by the global row count: the same heads as one process
+    assert torch.allclose(two["weight"], heads.heads[1].weight, atol=1e-5)
+    for key in ("val_top1", "test_top1_all", "train_loss"):
+        assert two["probe"][key] == pytest.approx(result[key], abs=1e-4)
+    assert two["probe"]["val_samples"] == result["val_samples"]
