@@ -1,6 +1,7 @@
 """scale recipes list|show|check"""
 
 import json
+import tempfile
 
 from rich.console import Console
 from rich.table import Table
@@ -22,6 +23,15 @@ def register(sub) -> None:
     show.add_argument("recipe")
     show.add_argument("overrides", nargs="*", help="section.key=value")
     show.set_defaults(func=cmd_show)
+    check = rsub.add_parser("check", help="load every recipe, build its model on the meta device, check its "
+                                          "parameter count against the paper; exit 1 listing failures")
+    check.add_argument("--paper", help="only this paper")
+    check.add_argument("--table", help="only this table")
+    check.add_argument("--smoke", action="store_true",
+                       help="also train every passing recipe shrunk to a tiny model for a few steps on 2 gloo ranks")
+    check.add_argument("--smoke-dir", help="where smoke runs go (default: a temporary directory)")
+    check.add_argument("--json", action="store_true", help="print JSON for machines")
+    check.set_defaults(func=cmd_check)
 
 
 def summary(path) -> dict:
@@ -29,6 +39,19 @@ def summary(path) -> dict:
     return {"name": recipe_name(path), "paper": cfg.meta.paper, "table": cfg.meta.table, "row": cfg.meta.row,
             "model": cfg.model.name, "method": cfg.method.kind, "engine": cfg.engine.kind,
             "global_batch": cfg.train.global_batch, "epochs": cfg.train.epochs}
+
+
+def _selected(args) -> list:
+    """Recipe paths of --paper / --table (recipes/<paper>/<table>/<row>.yaml)."""
+    paths = []
+    for path in list_recipes():
+        parts = recipe_name(path).split("/")
+        if args.paper and parts[0] != args.paper:
+            continue
+        if args.table and (len(parts) < 3 or parts[1] != args.table):
+            continue
+        paths.append(path)
+    return paths
 
 
 def cmd_list(args) -> int:
@@ -47,3 +70,35 @@ def cmd_list(args) -> int:
 def cmd_show(args) -> int:
     print(to_yaml(load_recipe(args.recipe, args.overrides)), end="")
     return 0
+
+
+def cmd_check(args) -> int:
+    from scale.recipes.check import check_recipe
+    from scale.recipes.smoke import ensure_smoke_data, smoke_run
+
+    results = []
+    smoke_dir = args.smoke_dir or (tempfile.mkdtemp(prefix="scale-smoke-") if args.smoke else None)
+    data = ensure_smoke_data() if args.smoke else None
+    for path in _selected(args):
+        result = check_recipe(path)
+        row = {"name": result.name, "ok": result.ok, "params_m": result.params_m, "message": result.message}
+        if args.smoke and result.ok:
+            status = smoke_run(str(path), smoke_dir, data)
+            row["smoke"] = "ok" if status == 0 else f"exit {status}"
+            row["ok"] = status == 0
+        results.append(row)
+    failed = [r for r in results if not r["ok"]]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        table = Table("recipe", "params (M)", "result", *(["smoke"] if args.smoke else []))
+        for r in results:
+            params = "" if r["params_m"] is None else f"{r['params_m']:.2f}"
+            table.add_row(r["name"], params, "ok" if r["ok"] else r["message"] or "failed",
+                          *([r.get("smoke", "-")] if args.smoke else []))
+        Console().print(table)
+        where = f"; smoke runs in {smoke_dir}" if smoke_dir else ""
+        print(f"{len(results) - len(failed)} of {len(results)} recipes pass{where}")
+        for r in failed:
+            print(f"FAIL {r['name']}: {r['message'] or r.get('smoke')}")
+    return 1 if failed else 0

@@ -1,0 +1,47 @@
+"""The smoke shrinker keeps what selects a code path and shrinks only sizes; every runnable recipe trains a few
+steps on 2 gloo ranks (one per (paper, method, model family, engine) by default; all with SCALE_ALL_RECIPES=1)."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from scale.config import list_recipes, load_recipe, recipe_name
+from scale.config.load import from_dict
+from scale.errors import UserError
+from scale.recipes.check import missing_pieces
+from scale.recipes.smoke import PER_RANK_BATCH, RANKS, smoke_overrides, smoke_run, tiny_model_name
+
+from tests.recipes.conftest import smoke_params
+
+RECIPES = [recipe_name(p) for p in list_recipes()]
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_smoke_shrink_keeps_code_path(name, tmp_path):
+    cfg = load_recipe(name)
+    if missing_pieces(cfg):
+        with pytest.raises(UserError, match="cannot smoke-run, needs"):
+            smoke_overrides(cfg, tmp_path)
+        return
+    before = OmegaConf.to_yaml(cfg)
+    small = smoke_overrides(cfg, tmp_path)
+    assert OmegaConf.to_yaml(cfg) == before  # the input is not changed
+    assert small.model.name == tiny_model_name(cfg.model.name)
+    for key in ("method.kind", "method.moco.variant", "method.dino.teacher", "method.dino.centering",
+                "method.dino.loss", "method.dino.predictor", "method.moco.bn_in_heads", "method.moco.pred_layers",
+                "method.drloc.mode", "method.drloc.every_block", "method.drloc.exhaustive", "model.pos_embed",
+                "model.pooling", "model.final_norm", "model.frozen_patch_embed", "model.window_size",
+                "model.bn_mlp", "engine.kind", "engine.activation_checkpointing", "data.views.kind", "optim.name"):
+        assert OmegaConf.select(small, key) == OmegaConf.select(cfg, key), key
+    assert [n > 0 for n in small.data.views.n_local] == [n > 0 for n in cfg.data.views.n_local]
+    assert (small.method.dino.region_from_epoch > 0) == (cfg.method.dino.region_from_epoch > 0)
+    assert small.engine.precision != "fp16"
+    assert small.train.global_batch == PER_RANK_BATCH * RANKS * cfg.engine.grad_accum
+    assert small.data.train == str(tmp_path / "train") and small.meta.devices == RANKS
+    assert max(small.data.views.global_size, *small.data.views.local_sizes) <= 64
+    assert small.method.dino.out_dim <= 64 and small.method.moco.mlp_dim <= 32
+    from_dict(OmegaConf.to_container(small))  # still a valid recipe
+
+
+@pytest.mark.parametrize("name", smoke_params())
+def test_smoke_run(name, smoke_data, tmp_path):
+    assert smoke_run(name, tmp_path, smoke_data) == 0
