@@ -141,8 +141,9 @@ class Checkpointer:
         if meta["world_size"] != self.info.world_size:
             raise UserError(
                 f"{folder}: a DeepSpeed checkpoint from {meta['world_size']} ranks cannot be loaded on "
-                f"{self.info.world_size}. Resume on {meta['world_size']} ranks, or convert it with "
-                f"`scale ckpt universal {folder}` (DeepSpeed universal checkpoint) first.")
+                f"{self.info.world_size} ranks (DeepSpeed re-partitions only through its universal checkpoint "
+                f"format, which scale does not load yet). Resume on {meta['world_size']} ranks, or use "
+                f"engine.kind=fsdp2, whose checkpoints load on any number of ranks.")
 
     def _restore_rng(self, folder: Path, meta: dict) -> None:
         own = folder / "rng" / f"rank{self.info.rank}.pt"

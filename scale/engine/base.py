@@ -56,3 +56,8 @@ class Engine(abc.ABC):
 
     def load_native(self, folder) -> None:
         raise NotImplementedError(f"{type(self).__name__} checkpoints through DCP: use load_state_dict")
+
+    @abc.abstractmethod
+    def export_state_dict(self, which: str = "teacher") -> dict[str, torch.Tensor]:
+        """Collective: the full, unsharded CPU state dict of the teacher (or 'student') with unwrapped names on
+        rank 0 (empty on other ranks), for exporting weights."""

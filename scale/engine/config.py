@@ -12,7 +12,9 @@ class EngineConfig:
     ac_every_n: int = 2
     zero_stage: int = 1  # deepspeed only
     grad_accum: int = 1
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool = True  # fsdp2: free gathered block parameters after forward (the root keeps them)
+    sync_bn: bool = True  # GPU, world > 1: BatchNorm -> SyncBatchNorm, as DINO and MoCo v3 do (no SyncBN on CPU)
+    find_unused_parameters: bool = False  # ddp: needed when some student parameters get no gradient in a step
 
 
 @dataclass

@@ -1,0 +1,43 @@
+"""Gradient clipping that sees whole parameters through shards.
+
+Each gradient's squared norm is computed on the local tensor; for DTensor shards the squares are summed over the
+shard group (one all-reduce for all parameters), giving the norm of the full gradient. Two rules:
+- per_param (DINO's `clip_gradients`): each parameter's gradient is rescaled to norm <= clip on its own;
+- global (torch's `clip_grad_norm_`): all gradients share one factor from the norm over every parameter.
+Both use the factor clip / (norm + 1e-6) when it is below 1.
+"""
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from scale.engine.params import local
+
+CLIP_MODES = ("per_param", "global")
+
+
+def grad_sq_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Squared L2 norm of each full gradient, in fp32."""
+    if not grads:
+        return torch.zeros(0)
+    locals_ = [local(g) for g in grads]
+    sq = torch.stack(torch._foreach_norm(locals_)).float().pow(2)
+    sharded = [i for i, g in enumerate(grads) if isinstance(g, DTensor)]
+    if sharded:
+        group = grads[sharded[0]].device_mesh.get_group()
+        part = sq[sharded]
+        dist.all_reduce(part, group=group)
+        sq[sharded] = part
+    return sq
+
+
+def clip_gradients(grads: list[torch.Tensor], max_norm: float, mode: str) -> float:
+    """Clip in place (max_norm <= 0: no clipping) and return the global gradient norm before clipping."""
+    sq = grad_sq_norms(grads)
+    total = sq.sum().sqrt()
+    if max_norm > 0 and grads:
+        norms = sq.sqrt() if mode == "per_param" else total.expand_as(sq)
+        factors = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+        locals_ = [local(g) for g in grads]
+        torch._foreach_mul_(locals_, factors.tolist())
+    return float(total)

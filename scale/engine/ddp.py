@@ -1,0 +1,34 @@
+"""DDP: the student is replicated and wrapped in DistributedDataParallel; the teacher (no gradients) stays a plain
+replicated module, updated on every rank by the same EMA."""
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from scale.engine.ema import copy_student_to_teacher
+from scale.engine.materialize import materialize
+from scale.engine.torch_engine import TorchEngine, broadcast_module
+from scale.methods.base import Method
+
+
+class DDPEngine(TorchEngine):
+    kind = "ddp"
+
+    def wrap(self, method: Method, meta: bool) -> None:
+        if meta:
+            for module in self.modules():
+                materialize(module, self.device)
+                broadcast_module(module)
+            if method.teacher is not None:
+                copy_student_to_teacher(method.teacher, method.student)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # buffers are not broadcast, as under FSDP2 and DeepSpeed (BatchNorm statistics are SyncBN's on GPU)
+        method.student = DistributedDataParallel(method.student, device_ids=device_ids, forward_sync_buffers=False,
+                                                 gradient_as_bucket_view=True,
+                                                 find_unused_parameters=self.cfg.find_unused_parameters)
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        # what DDP's no_sync() toggles; read at the next forward, so it is set right after the previous backward
+        self.method.student.require_backward_grad_sync = enabled
+
+    def make_scaler(self):
+        return torch.amp.GradScaler(self.device.type)

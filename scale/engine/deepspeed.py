@@ -1,0 +1,333 @@
+"""DeepSpeed ZeRO 1, 2 and 3 behind the Engine interface.
+
+The DeepSpeed config is generated from the recipe (stage, precision, clipping, gradient accumulation); the client
+optimizer is a torch optimizer from scale.optim with the same parameter groups as the other engines.
+
+- Precision: parameters, gradients and their reduction stay fp32 and bf16 runs under torch.autocast, exactly as
+  under DDP (so the EMA teacher and the optimizer see fp32 weights); fp16 (GPU) uses DeepSpeed's fp16 mode and its
+  dynamic loss scaler.
+- Teacher: under ZeRO 1/2 parameters are replicated, so the teacher is a plain replicated module (under fp16 it
+  averages the student's fp16 weights). Under ZeRO-3 it is a second DeepSpeed engine without optimizer: every
+  parameter is partitioned exactly like the student's (same shape, same world size, no persistent parameters),
+  gathered for its forward and freed after, and the EMA runs on the local fp32 partitions with no communication.
+- Clipping: 'global' is DeepSpeed's gradient_clipping; 'per_param' (DINO) is done here on each rank's gradient
+  fragments, whose squared norms are summed over ranks first.
+- Frozen parameters cannot drop their gradients (they live in flat partitions): their gradient fragments are
+  zeroed and their weights restored after the step. Moments that are zero stay zero, so DINO's frozen last layer
+  gets no update and no optimizer state, as in the official code; only the Adam step count is per flat group, so
+  once unfrozen its bias correction is that of the group.
+- LARS and LAMB compute trust ratios per tensor, which DeepSpeed's flat partitions would turn into one ratio per
+  partition: they are refused (use ddp or fsdp2).
+- Checkpoints are DeepSpeed's own (`save_native` / `load_native`), loadable on the same world size only.
+"""
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scale.engine.activation import apply_activation_checkpointing
+from scale.engine.base import Engine
+from scale.engine.dist import DistInfo
+from scale.engine.ema import copy_student_to_teacher, ema_update
+from scale.engine.materialize import is_meta, materialize
+from scale.engine.params import clean_name, named_parameters, nbytes
+from scale.engine.precision import resolve_precision
+from scale.engine.torch_engine import broadcast_module, check_common_config
+from scale.errors import UserError
+from scale.methods.base import Method
+from scale.optim import build_optimizer, param_groups
+
+ZERO_STAGES = (1, 2, 3)
+DS_OPTIMIZERS = ("adamw", "sgd")
+CHECKPOINT_TAG = "state"
+
+
+def import_deepspeed(device: torch.device):
+    if device.type == "cpu":
+        # DeepSpeed picks its accelerator at import; never set this on a GPU machine
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed
+    except ImportError as err:
+        raise UserError("engine.kind=deepspeed needs DeepSpeed: pip install 'scale[deepspeed]'") from err
+    return deepspeed
+
+
+def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True) -> dict:
+    config = {
+        # DeepSpeed only uses the micro-batch size for its own data loader and throughput logs; ours feeds it
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": engine_cfg.grad_accum,
+        # no persistent (always gathered) ZeRO-3 parameters: the teacher's shards must be re-gathered after each
+        # EMA update, and the student is partitioned exactly like it
+        "zero_optimization": {"stage": engine_cfg.zero_stage, "stage3_param_persistence_threshold": 0},
+        "steps_per_print": 2 ** 31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if with_optimizer:
+        config["zero_allow_untested_optimizer"] = True  # torch.optim.AdamW / SGD as client optimizers
+        config["gradient_clipping"] = optim_cfg.clip_grad if optim_cfg.clip_mode == "global" else 0.0
+        if precision.name == "fp16":
+            config["fp16"] = {"enabled": True, "loss_scale": 0, "auto_cast": True}
+    return config
+
+
+def share_fp32_master(zero_optimizer) -> int:
+    """ZeRO-3 with fp32 weights: DeepSpeed means to use the weight partitions themselves as the fp32 master copy
+    (stage3.py `_create_fp32_partitions`: "we don't need another copy of the weights"), but its check compares a
+    torch.device with a device string, which never matches in torch 2.x, so it clones a second fp32 copy. Point
+    the master partitions at the weights (the optimizer keeps the same tensor objects); returns bytes freed."""
+    freed = 0
+    pairs = zip(zero_optimizer.fp32_partitioned_groups_flat, zero_optimizer.fp16_partitioned_groups_flat)
+    for master, weights in pairs:
+        if (master.dtype == weights.dtype and master.device == weights.device and master.shape == weights.shape
+                and master.untyped_storage().data_ptr() != weights.untyped_storage().data_ptr()):
+            freed += nbytes(master)
+            master.data = weights.data
+    return freed
+
+
+class DeepSpeedEngine(Engine):
+    kind = "deepspeed"
+    native_checkpoint = True
+
+    def __init__(self, engine_cfg, optim_cfg, dist_info: DistInfo, device: torch.device):
+        check_common_config(engine_cfg, optim_cfg)
+        if engine_cfg.zero_stage not in ZERO_STAGES:
+            raise UserError(f"engine.zero_stage must be one of {ZERO_STAGES}, got {engine_cfg.zero_stage}")
+        if optim_cfg.name not in DS_OPTIMIZERS:
+            raise UserError(f"optim.name={optim_cfg.name} computes per-tensor trust ratios, which DeepSpeed's flat "
+                            f"ZeRO partitions break: use {' or '.join(DS_OPTIMIZERS)}, or engine.kind=fsdp2/ddp")
+        self.cfg, self.optim_cfg, self.dist_info, self.device = engine_cfg, optim_cfg, dist_info, device
+        self.precision = resolve_precision(engine_cfg.precision, device)
+        self.stage = engine_cfg.zero_stage
+        self.method: Method | None = None
+        self.micro_step = 0
+
+    # --- setup
+    def setup(self, method: Method) -> None:
+        self.deepspeed = deepspeed = import_deepspeed(self.device)
+        deepspeed.init_distributed(dist_backend=dist.get_backend())  # joins our process group
+        self.method = method
+        meta = is_meta(method.student) or (method.teacher is not None and is_meta(method.teacher))
+        modules = [m for m in (method.student, method.teacher) if m is not None]
+        for module in modules:
+            # DeepSpeed partitions existing tensors: a meta-built model is materialised whole on each rank first
+            if meta:
+                materialize(module, self.device)
+            else:
+                module.to(self.device)
+            broadcast_module(module)
+        if meta and method.teacher is not None:
+            copy_student_to_teacher(method.teacher, method.student)
+        if self.device.type == "cuda" and self.dist_info.world_size > 1 and self.cfg.sync_bn:
+            method.student = nn.SyncBatchNorm.convert_sync_batchnorm(method.student)
+            if method.teacher is not None:
+                method.teacher = nn.SyncBatchNorm.convert_sync_batchnorm(method.teacher)
+        apply_activation_checkpointing(method.student, self.cfg.activation_checkpointing, self.cfg.ac_every_n)
+        groups = param_groups(named_parameters(method.student), self.optim_cfg)
+        client = build_optimizer(groups, self.optim_cfg, self.device, sharded=True)
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(
+            model=method.student, optimizer=client, config=ds_config(self.cfg, self.optim_cfg, self.precision))
+        method.student = self.ds
+        if self.stage == 3 and not self.precision.needs_loss_scaling:
+            share_fp32_master(self.optimizer)
+        if method.teacher is not None and self.stage == 3:
+            method.teacher, _, _, _ = deepspeed.initialize(
+                model=method.teacher, config=ds_config(self.cfg, self.optim_cfg, self.precision, False))
+        self.micro_step = 0
+
+    def autocast(self):
+        return self.precision.autocast()
+
+    # --- backward and step
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.micro_step >= self.cfg.grad_accum:
+            raise RuntimeError(f"backward called {self.micro_step + 1} times before step() with "
+                               f"engine.grad_accum={self.cfg.grad_accum}")
+        self.ds.backward(loss)  # divides by gradient_accumulation_steps, scales for fp16
+        self.micro_step += 1
+        if self.micro_step < self.cfg.grad_accum:
+            self.ds.step()  # DeepSpeed counts micro-batches in step(); it updates only at the boundary
+
+    def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:
+        if self.micro_step != self.cfg.grad_accum:
+            raise RuntimeError(f"step() after {self.micro_step} backward calls; engine.grad_accum="
+                               f"{self.cfg.grad_accum}")
+        named = [(clean_name(n), p) for n, p in self.ds.module.named_parameters() if p.requires_grad]
+        grads = [self.local_grad(p) for _, p in named]
+        metrics = {}
+        if self.optim_cfg.clip_mode == "per_param":
+            metrics["grad_norm"] = self.clip_per_param(grads)
+        frozen_params = [(p, g) for (name, p), g in zip(named, grads) if frozen is not None and frozen(name)]
+        saved = [self.snapshot(p) for p, _ in frozen_params]
+        for _, grad in frozen_params:
+            if grad is not None:
+                grad.zero_()
+        self.ds.step()
+        for (param, _), weights in zip(frozen_params, saved):
+            self.restore(param, weights)
+        self.micro_step = 0
+        if "grad_norm" not in metrics:
+            norm = self.ds.get_global_grad_norm()
+            metrics["grad_norm"] = float(norm) if norm is not None else float("nan")
+        if self.precision.needs_loss_scaling:
+            metrics["loss_scale"] = float(self.ds.optimizer.loss_scale)
+        return metrics
+
+    def local_grad(self, param: nn.Parameter) -> torch.Tensor | None:
+        """This rank's fragment of the reduced gradient (a view the optimizer reads), None if it holds none."""
+        if self.stage == 3:
+            from deepspeed.utils import safe_get_local_grad
+
+            return safe_get_local_grad(param)
+        mapping = getattr(param, "_hp_mapping", None)
+        return mapping.get_lp_grad_fragment(param._index_in_param_group) if mapping is not None else None
+
+    def clip_per_param(self, grads: list[torch.Tensor | None]) -> float:
+        """DINO's rule on fragments: full norms from all-reduced squared fragment norms (fp16: unscaled)."""
+        sq = torch.zeros(len(grads), device=self.device, dtype=torch.float32)
+        for i, g in enumerate(grads):
+            if g is not None and g.numel():
+                sq[i] = g.float().pow(2).sum()
+        dist.all_reduce(sq)
+        scale = float(getattr(self.ds.optimizer, "loss_scale", 1.0)) if self.precision.needs_loss_scaling else 1.0
+        norms = sq.sqrt() / scale
+        clip = self.optim_cfg.clip_grad
+        if clip > 0:
+            for g, factor in zip(grads, (clip / (norms + 1e-6)).clamp(max=1.0).tolist()):
+                if g is not None and factor < 1.0:
+                    g.mul_(factor)
+        return float(norms.pow(2).sum().sqrt())
+
+    def snapshot(self, param: nn.Parameter) -> list[torch.Tensor]:
+        """The tensors this rank holds for `param` that a step writes: model weights and fp32 master fragment."""
+        if self.stage == 3:
+            from deepspeed.utils import safe_get_local_fp32_param
+
+            return [param.ds_tensor.detach().clone(), safe_get_local_fp32_param(param).detach().clone()]
+        held = [param.data.detach().clone()]
+        mapping = getattr(param, "_hp_mapping", None)
+        if mapping is not None:
+            held.append(mapping.get_hp_fragment().detach().clone())
+        return held
+
+    def restore(self, param: nn.Parameter, held: list[torch.Tensor]) -> None:
+        if self.stage == 3:
+            from deepspeed.utils import safe_set_local_fp32_param
+
+            param.ds_tensor.data.copy_(held[0])
+            safe_set_local_fp32_param(param, held[1])
+            return
+        param.data.copy_(held[0])
+        if len(held) > 1:
+            param._hp_mapping.get_hp_fragment().data.copy_(held[1])
+
+    # --- teacher
+    def ema(self, momentum: float) -> None:
+        if self.method.teacher is None:
+            raise RuntimeError("ema() called but the method has no teacher")
+        if self.stage < 3:
+            ema_update(self.method.teacher, self.ds, momentum)
+            return
+        student = dict(self.partitions(self.ds, master=True))
+        teacher_parts, student_parts = [], []
+        for name, part in self.partitions(self.method.teacher):
+            if name not in student:
+                raise ValueError(f"teacher parameter '{name}' has no student counterpart")
+            teacher_parts.append(part)
+            student_parts.append(student[name].to(part.dtype))
+        with torch.no_grad():
+            torch._foreach_lerp_(teacher_parts, student_parts, 1.0 - momentum)
+
+    @staticmethod
+    def partitions(engine, master: bool = False) -> list[tuple[str, torch.Tensor]]:
+        """ZeRO-3: each parameter's local partition, by unwrapped name; with `master`, the fp32 master partition
+        of trainable low-precision (fp16) weights, so that the teacher averages fp32 weights."""
+        from deepspeed.utils import safe_get_local_fp32_param
+
+        parts = []
+        for name, p in engine.module.named_parameters():
+            use_master = master and p.requires_grad and p.ds_tensor.dtype != torch.float32
+            parts.append((clean_name(name), safe_get_local_fp32_param(p) if use_master else p.ds_tensor.data))
+        return parts
+
+    # --- accounting
+    def memory(self) -> dict[str, int]:
+        """Model weights held (ZeRO-3: partitions), gradients at their size after backward (ZeRO-1: whole,
+        ZeRO-2/3: this rank's partition), optimizer = fp32 master partitions (when not the weights themselves, as
+        they are in fp32 ZeRO-3) + the optimizer state."""
+        zero = self.ds.optimizer
+        master = (zero.fp32_partitioned_groups_flat if self.stage == 3 else zero.single_partition_of_fp32_groups)
+        weights = self.held(self.ds.module)
+        weight_storages = {t.untyped_storage().data_ptr() for t in weights}
+        separate_master = [m for m in master if m.untyped_storage().data_ptr() not in weight_storages]
+        # the client torch optimizer's state over DeepSpeed's flat fp32 partitions
+        state = sum(nbytes(v) for s in zero.optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+        trainable = [p for p in self.ds.module.parameters() if p.requires_grad]
+        grads = sum(p.numel() for p in trainable) * 4 if self.stage == 1 else sum(nbytes(m) for m in master)
+        teacher = self.held(self.teacher_module()) if self.method.teacher is not None else []
+        report = {"params": sum(nbytes(t) for t in weights), "grads": grads,
+                  "optimizer": sum(nbytes(m) for m in separate_master) + state,
+                  "teacher": sum(nbytes(t) for t in teacher)}
+        report["total"] = sum(report.values())
+        return report
+
+    def held(self, module: nn.Module) -> list[torch.Tensor]:
+        """The weight tensors this rank holds: ZeRO-3 partitions, whole parameters otherwise."""
+        return [p.ds_tensor if self.stage == 3 else p.data for p in module.parameters()]
+
+    def teacher_module(self) -> nn.Module:
+        return self.method.teacher.module if self.stage == 3 else self.method.teacher
+
+    # --- checkpoints (DeepSpeed's format; same world size)
+    def save_native(self, folder) -> None:
+        folder = Path(folder)
+        # universal_checkpoint_info keeps DeepSpeed's ds_to_universal conversion (other world sizes) possible
+        self.ds.save_checkpoint(str(folder), tag=CHECKPOINT_TAG, client_state={"universal_checkpoint_info": {}})
+        if self.method.teacher is not None:
+            self.save_teacher(folder)
+        dist.barrier()
+
+    def load_native(self, folder) -> None:
+        folder = Path(folder)
+        path, _ = self.ds.load_checkpoint(str(folder), tag=CHECKPOINT_TAG)
+        if path is None:
+            raise UserError(f"{folder}: no DeepSpeed checkpoint (tag '{CHECKPOINT_TAG}') found")
+        if self.method.teacher is not None:
+            self.load_teacher(folder)
+
+    def teacher_state(self) -> dict[str, torch.Tensor]:
+        module = self.teacher_module()
+        if self.stage == 3:  # local partitions + (replicated) buffers
+            return {**dict(self.partitions(self.method.teacher)),
+                    **{clean_name(n): b for n, b in module.named_buffers()}}
+        return module.state_dict()
+
+    def save_teacher(self, folder: Path) -> None:
+        if self.stage == 3:
+            torch.save(self.teacher_state(), folder / f"teacher_rank{self.dist_info.rank}.pt")
+        elif self.dist_info.is_main:
+            torch.save(self.teacher_state(), folder / "teacher.pt")
+
+    def load_teacher(self, folder: Path) -> None:
+        name = f"teacher_rank{self.dist_info.rank}.pt" if self.stage == 3 else "teacher.pt"
+        saved = torch.load(folder / name, map_location=self.device, weights_only=True)
+        with torch.no_grad():
+            for key, tensor in self.teacher_state().items():
+                if key not in saved:
+                    raise UserError(f"{folder / name}: no entry for teacher '{key}'")
+                tensor.copy_(saved[key])
+
+    def export_state_dict(self, which: str = "teacher") -> dict[str, torch.Tensor]:
+        module = {"teacher": self.teacher_module, "student": lambda: self.ds.module}[which]()
+        if self.stage == 3:
+            with self.deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+                state = {clean_name(k): v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        else:
+            state = {clean_name(k): v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        return state if self.dist_info.is_main else {}

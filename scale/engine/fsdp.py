@@ -1,0 +1,70 @@
+"""FSDP2 (`fully_shard`): one unit per transformer block, each part (backbone, head, ...) its own unit, then the
+root. The teacher is sharded with the same calls, so its local shards line up with the student's and the EMA is
+shard-local; it reshards after every forward, root included (FSDP2 keeps an auto-configured root unsharded after
+forward, which would keep a whole gathered teacher alive).
+
+Mixed precision: bf16 (or fp16) parameters for compute, fp32 gradient reduction and fp32 sharded master weights;
+BatchNorm layers are fp32 units of their own.
+"""
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from scale.engine.ema import copy_student_to_teacher
+from scale.engine.materialize import materialize
+from scale.engine.torch_engine import TorchEngine
+from scale.methods.base import Method
+
+def has_params(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+class FSDPEngine(TorchEngine):
+    kind = "fsdp2"
+    sharded = True
+
+    def wrap(self, method: Method, meta: bool) -> None:
+        self.mesh = init_device_mesh(self.device.type, (self.dist_info.world_size,))
+        self.shard(method.student, reshard_after_forward=self.cfg.reshard_after_forward, root_reshard=None)
+        if method.teacher is not None:
+            self.shard(method.teacher, reshard_after_forward=True, root_reshard=True)
+        if meta:
+            for module in self.modules():
+                materialize(module, self.device)
+            if method.teacher is not None:
+                copy_student_to_teacher(method.teacher, method.student)
+
+    def mp_policy(self) -> MixedPrecisionPolicy:
+        if not self.precision.mixed:
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(param_dtype=self.precision.dtype, reduce_dtype=torch.float32)
+
+    def shard(self, model: nn.Module, reshard_after_forward: bool, root_reshard: bool | None) -> None:
+        """Bottom-up: BatchNorm (fp32, mixed precision only), blocks, parts, root. root_reshard=None lets FSDP2
+        keep the root gathered between forward and backward (the student's backward needs it at once)."""
+        policy = self.mp_policy()
+        kwargs = dict(mesh=self.mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        if self.precision.mixed:
+            for sub in model.modules():
+                if isinstance(sub, _BatchNorm) and has_params(sub):
+                    # fp32 inside, outputs back in the compute dtype for the next (low-precision) layer
+                    bn_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                                     output_dtype=self.precision.dtype)
+                    fully_shard(sub, mesh=self.mesh, reshard_after_forward=reshard_after_forward,
+                                mp_policy=bn_policy)
+        for part in model.children():
+            for block in (part.block_modules() if hasattr(part, "block_modules") else []):
+                fully_shard(block, **kwargs)
+            if has_params(part):
+                fully_shard(part, **kwargs)
+        fully_shard(model, mesh=self.mesh, reshard_after_forward=root_reshard, mp_policy=policy)
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        self.method.student.set_requires_gradient_sync(enabled)
+
+    def make_scaler(self):
+        return ShardedGradScaler(self.device.type)

@@ -1,0 +1,173 @@
+"""What DDP and FSDP2 share: device placement, activation checkpointing, gradient accumulation, fp16 loss scaling,
+clipping across shards, frozen parameters, the shard-local EMA, memory accounting and DCP checkpoint state."""
+
+import abc
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
+
+from scale.engine.activation import apply_activation_checkpointing
+from scale.engine.base import Engine
+from scale.engine.clip import CLIP_MODES, clip_gradients
+from scale.engine.dist import DistInfo
+from scale.engine.ema import ema_update
+from scale.engine.materialize import is_meta
+from scale.engine.params import named_parameters, nbytes
+from scale.engine.precision import resolve_precision
+from scale.errors import UserError
+from scale.methods.base import Method
+from scale.optim import build_optimizer, init_state, param_groups
+
+
+def check_common_config(engine_cfg, optim_cfg) -> None:
+    if engine_cfg.grad_accum < 1:
+        raise UserError(f"engine.grad_accum must be >= 1, got {engine_cfg.grad_accum}")
+    if optim_cfg.clip_mode not in CLIP_MODES:
+        raise UserError(f"optim.clip_mode='{optim_cfg.clip_mode}' is not one of {', '.join(CLIP_MODES)}")
+
+
+def broadcast_module(module: nn.Module, src: int = 0) -> None:
+    """Make every rank hold rank `src`'s parameters and buffers (ranks seed differently)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(t.data, src=src)
+
+
+def model_bytes(module: nn.Module | None) -> int:
+    return sum(nbytes(p) for p in module.parameters()) if module is not None else 0
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(nbytes(v) for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+
+
+class TorchEngine(Engine):
+    kind = ""
+    sharded = False  # parameters are DTensor shards (FSDP2)
+
+    def __init__(self, engine_cfg, optim_cfg, dist_info: DistInfo, device: torch.device):
+        check_common_config(engine_cfg, optim_cfg)
+        self.cfg, self.optim_cfg, self.dist_info, self.device = engine_cfg, optim_cfg, dist_info, device
+        self.precision = resolve_precision(engine_cfg.precision, device)
+        self.method: Method | None = None
+        self.scaler = None
+        self.micro_step = 0
+
+    # --- what DDP and FSDP2 do differently
+    @abc.abstractmethod
+    def wrap(self, method: Method, meta: bool) -> None:
+        """Wrap method.student / method.teacher in place; materialise them when built on the meta device."""
+
+    @abc.abstractmethod
+    def set_gradient_sync(self, enabled: bool) -> None:
+        """Whether the next backward reduces gradients across ranks (off for all but the last micro-batch)."""
+
+    @abc.abstractmethod
+    def make_scaler(self):
+        """fp16 loss scaler."""
+
+    # --- the Engine contract
+    def setup(self, method: Method) -> None:
+        self.method = method
+        meta = is_meta(method.student) or (method.teacher is not None and is_meta(method.teacher))
+        if not meta:
+            for module in self.modules():
+                module.to(self.device)
+                broadcast_module(module)
+        if self.device.type == "cuda" and self.dist_info.world_size > 1 and self.cfg.sync_bn:
+            method.student = nn.SyncBatchNorm.convert_sync_batchnorm(method.student)
+            if method.teacher is not None:
+                method.teacher = nn.SyncBatchNorm.convert_sync_batchnorm(method.teacher)
+        apply_activation_checkpointing(method.student, self.cfg.activation_checkpointing, self.cfg.ac_every_n)
+        self.wrap(method, meta)
+        groups = param_groups(named_parameters(method.student), self.optim_cfg)
+        self.optimizer = build_optimizer(groups, self.optim_cfg, self.device, sharded=self.sharded)
+        init_state(self.optimizer)
+        if self.precision.needs_loss_scaling:
+            self.scaler = self.make_scaler()
+        self.micro_step = 0
+        self.set_gradient_sync(self.cfg.grad_accum == 1)
+
+    def modules(self) -> list[nn.Module]:
+        return [m for m in (self.method.student, self.method.teacher) if m is not None]
+
+    def autocast(self):
+        return self.precision.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.micro_step >= self.cfg.grad_accum:
+            raise RuntimeError(f"backward called {self.micro_step + 1} times before step() with "
+                               f"engine.grad_accum={self.cfg.grad_accum}")
+        loss = loss / self.cfg.grad_accum
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+        self.micro_step += 1
+        self.set_gradient_sync(self.micro_step == self.cfg.grad_accum - 1)
+
+    def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:
+        if self.micro_step != self.cfg.grad_accum:
+            raise RuntimeError(f"step() after {self.micro_step} backward calls; engine.grad_accum="
+                               f"{self.cfg.grad_accum}")
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        with_grad = [(n, p) for n, p in named_parameters(self.method.student) if p.grad is not None]
+        grad_norm = clip_gradients([p.grad for _, p in with_grad], self.optim_cfg.clip_grad, self.optim_cfg.clip_mode)
+        # after clipping, as DINO cancels the last layer's gradients after clip_gradients; no gradient: no update
+        for name, param in with_grad:
+            if frozen is not None and frozen(name):
+                param.grad = None
+        metrics = {"grad_norm": grad_norm}
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            metrics["loss_scale"] = float(self.scaler.get_scale())
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.micro_step = 0
+        self.set_gradient_sync(self.cfg.grad_accum == 1)
+        return metrics
+
+    def ema(self, momentum: float) -> None:
+        if self.method.teacher is None:
+            raise RuntimeError("ema() called but the method has no teacher")
+        ema_update(self.method.teacher, self.method.student, momentum)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this rank holds; gradients counted at their size after backward (fp32, local shards)."""
+        student = self.method.student
+        grads = sum(nbytes(p) for p in student.parameters() if p.requires_grad)
+        report = {"params": model_bytes(student), "grads": grads, "optimizer": optimizer_bytes(self.optimizer),
+                  "teacher": model_bytes(self.method.teacher)}
+        report["total"] = sum(report.values())
+        return report
+
+    # --- checkpoint state (torch.distributed.checkpoint)
+    def state_dict(self) -> dict:
+        student_sd, optim_sd = get_state_dict(self.method.student, self.optimizer)
+        state = {"student": student_sd, "optimizer": optim_sd}
+        if self.method.teacher is not None:
+            state["teacher"] = get_model_state_dict(self.method.teacher)
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        set_state_dict(self.method.student, self.optimizer, model_state_dict=state["student"],
+                       optim_state_dict=state["optimizer"])
+        if self.method.teacher is not None:
+            set_model_state_dict(self.method.teacher, state["teacher"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def export_state_dict(self, which: str = "teacher") -> dict[str, torch.Tensor]:
+        module = {"teacher": self.method.teacher, "student": self.method.student}[which]
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # copies: on CPU, unsharded tensors (buffers, DDP parameters) would otherwise alias the live module
+        return {name: value.detach().clone() for name, value in state.items()}

@@ -1,0 +1,112 @@
+"""Optimizers and parameter groups.
+
+Parameter groups follow DINO's `get_params_groups`: biases and 1-D parameters (norms, BatchNorm) get no weight
+decay when `optim.wd_exclude_1d`; everything else (including cls_token and pos_embed) is decayed. Each group carries
+a `wd_scale` tag, so that `apply_schedule` can set the learning rate and weight decay of the current global step on
+any optimizer, including DeepSpeed's, whose groups keep these keys. The schedules themselves (and the lr scaling
+rule) are in scale/schedules.py.
+"""
+
+import importlib.util
+from typing import Iterable
+
+import torch
+from timm.optim import Lamb, Lars
+
+from scale.errors import UserError
+
+OPTIMIZERS = ("adamw", "lars", "lamb", "sgd")
+
+
+def is_no_decay(name: str, param: torch.Tensor) -> bool:
+    return name.endswith(".bias") or param.ndim <= 1
+
+
+def param_groups(named_params: Iterable[tuple[str, torch.nn.Parameter]], cfg) -> list[dict]:
+    """Trainable parameters split into a decayed group and a group without weight decay (empty groups dropped)."""
+    decay, no_decay = [], []
+    for name, param in named_params:
+        if not param.requires_grad:
+            continue
+        (no_decay if cfg.wd_exclude_1d and is_no_decay(name, param) else decay).append(param)
+    groups = [{"params": decay, "group": "decay", "wd_scale": 1.0},
+              {"params": no_decay, "group": "no_decay", "wd_scale": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def apply_schedule(groups: list[dict], lr: float, weight_decay: float) -> None:
+    """Set this step's learning rate and weight decay on every group (called by the loop before each step)."""
+    for group in groups:
+        group["lr"] = lr
+        group["weight_decay"] = weight_decay * group.get("wd_scale", 1.0)
+
+
+def apex_available() -> bool:
+    # `pip install apex` installs an unrelated web toolkit: look for NVIDIA apex's optimizers, not the name
+    try:
+        return importlib.util.find_spec("apex.optimizers") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def build_optimizer(groups: list[dict], cfg, device: torch.device, sharded: bool = False) -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA), LARS and LAMB (timm), or SGD with momentum. apex's FusedLAMB replaces timm's LAMB
+    on CUDA when apex is installed and parameters are whole tensors (not DTensor shards)."""
+    if cfg.name not in OPTIMIZERS:
+        raise UserError(f"optim.name='{cfg.name}' is not one of {', '.join(OPTIMIZERS)}")
+    cuda = device.type == "cuda"
+    betas = tuple(cfg.betas)
+    if len(betas) != 2:
+        raise UserError(f"optim.betas must have 2 values, got {list(cfg.betas)}")
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                 fused=True if cuda else None)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.name == "lars":
+        # timm's LARS skips the trust ratio where weight decay is 0, i.e. on the no-decay group, as DINO's LARS does
+        return Lars(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cuda and not sharded and apex_available():
+        from apex.optimizers import FusedLAMB
+
+        # the engine clips (per-parameter or global), so LAMB's own global clipping is switched off (FusedLAMB
+        # divides by max_grad_norm: 0 would zero the update, infinity never clips)
+        return FusedLAMB(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                         max_grad_norm=float("inf"))
+    return Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, max_grad_norm=None)
+
+
+@torch.no_grad()
+def init_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the state of every trainable parameter that has none yet, exactly as its first real step would
+    (zero moments, step count 0). Checkpoints then hold the same keys whether or not some parameters were frozen
+    so far (DINO's last layer in epoch 0), and the optimizer's memory is allocated up front.
+
+    Done by one step with zero gradients on those parameters only, lr 0 and weight decay 0, after which the step
+    counters it advanced (per parameter, or per group as in timm's LAMB) are put back."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    missing = [p for p in params if p.requires_grad and not optimizer.state.get(p)]
+    if not missing:
+        return
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    for p in missing:
+        p.grad = torch.zeros_like(p)
+    saved = [{k: v.clone() if torch.is_tensor(v) else v for k, v in g.items() if k != "params"}
+             for g in optimizer.param_groups]
+    for g in optimizer.param_groups:  # no move, and no coupled weight decay leaking into momentum buffers
+        g["lr"] = 0.0
+        g["weight_decay"] = 0.0
+    optimizer.step()
+    for g, before in zip(optimizer.param_groups, saved):
+        g.pop("step", None)
+        g.update(before)
+    for p in missing:
+        state = optimizer.state[p]
+        if torch.is_tensor(state.get("step")):
+            state["step"].zero_()
+        elif "step" in state:
+            state["step"] = 0
+    for p, grad in zip(params, grads):
+        p.grad = grad

@@ -1,0 +1,76 @@
+"""The real methods (scale.methods) with a tiny ViT under each engine, for the parity tests: DINO (multi-crop,
+center all-reduced across ranks, frozen last layer) and MoCo v3 (keys gathered across ranks)."""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from engine_toy import shard_batch
+from scale.config.schema import Recipe
+from scale.data.batch import Batch
+from scale.methods.base import StepContext
+
+STEPS, STEPS_PER_EPOCH, GLOBAL_BATCH = 4, 2, 8
+LR, WD = 1e-3, 0.04
+
+
+def recipe(kind: str, engine_kw: dict, freeze_epochs: int):
+    cfg = OmegaConf.structured(Recipe)
+    cfg.method.kind = kind
+    cfg.model.name, cfg.model.img_size, cfg.model.drop_path = "vit_nano", 32, 0.0
+    cfg.method.dino.update(out_dim=64, hidden_dim=32, bottleneck_dim=16, freeze_last_layer=freeze_epochs)
+    cfg.method.moco.update(dim=16, mlp_dim=32, bn_in_heads=False)  # no SyncBN on CPU: no BatchNorm in the heads
+    cfg.optim.update(lr=LR, weight_decay=WD, clip_grad=0.3, clip_mode="per_param")
+    cfg.engine.update(engine_kw)
+    return cfg
+
+
+def make_batch(step: int, kind: str) -> Batch:
+    gen = torch.Generator().manual_seed(step)
+    base = F.interpolate(torch.randn(GLOBAL_BATCH, 3, 4, 4, generator=gen), size=48, mode="bilinear")
+
+    def views(count, size):
+        return torch.cat([F.interpolate(base + 0.1 * torch.randn(base.shape, generator=gen), size=size,
+                                        mode="bilinear") for _ in range(count)])
+
+    crops, counts = [views(2, 32)], [2]
+    if kind == "dino":
+        crops.append(views(2, 16))
+        counts.append(2)
+    return Batch(crops, counts, torch.zeros(GLOBAL_BATCH, dtype=torch.long))
+
+
+def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1) -> dict:
+    """Each rank trains on its share of the same global batches; losses are averaged over ranks."""
+    from scale.engine import build_engine
+    from scale.engine.dist import detect
+    from scale.methods import build_method
+    from scale.optim import apply_schedule
+
+    info = detect()
+    cfg = recipe(kind, engine_kw, freeze_epochs)
+    torch.manual_seed(0)
+    method = build_method(cfg, STEPS_PER_EPOCH, STEPS)
+    engine = build_engine(cfg.engine, cfg.optim, info, torch.device("cpu"))
+    engine.setup(method)
+    losses = []
+    for step in range(STEPS):
+        ctx = StepContext(step=step, epoch=step // STEPS_PER_EPOCH, steps_per_epoch=STEPS_PER_EPOCH,
+                          total_steps=STEPS)
+        with engine.autocast():
+            loss, _ = method.loss(shard_batch(make_batch(step, kind), info.rank, info.world_size), ctx)
+        engine.backward(loss)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(float(mean) / info.world_size)
+        apply_schedule(engine.optimizer.param_groups, LR, WD)
+        engine.step(method.frozen_params(ctx))
+        engine.ema(method.ema_momentum(ctx))
+    return {"losses": losses, "student": engine.export_state_dict("student"),
+            "teacher": engine.export_state_dict("teacher")}
+
+
+def real_jobs(jobs: list[tuple]) -> dict:
+    """(label, kind, engine_kw, freeze_epochs) runs in one process group."""
+    return {label: real_run(kind, engine_kw, freeze) for label, kind, engine_kw, freeze in jobs}

@@ -1,0 +1,215 @@
+"""Single-process pieces of the engines: parameter groups and optimizers, eager optimizer state, clipping rules,
+activation checkpointing, names through wrappers, meta-device init checks, precision and config errors."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from engine_toy import ToyMethod, make_batch, context, optim_config
+from scale.engine.activation import apply_activation_checkpointing, blocks_to_checkpoint
+from scale.engine.clip import clip_gradients
+from scale.engine.config import EngineConfig
+from scale.engine.dist import DistInfo
+from scale.engine.factory import build_engine
+from scale.engine.materialize import materialize
+from scale.engine.params import clean_name
+from scale.engine.precision import resolve_precision
+from scale.errors import UserError
+from scale.optim import apply_schedule, build_optimizer, init_state, param_groups
+
+CPU = torch.device("cpu")
+
+
+def test_param_groups_follow_dino_rule():
+    net = ToyMethod().student
+    groups = param_groups(net.named_parameters(), optim_config())
+    by_name = {id(p): n for n, p in net.named_parameters()}
+    decay = {by_name[id(p)] for p in groups[0]["params"]}
+    no_decay = {by_name[id(p)] for p in groups[1]["params"]}
+    assert [g["group"] for g in groups] == ["decay", "no_decay"]
+    assert "backbone.token" in decay and "head.last_layer.weight" in decay  # 2-D parameters are decayed
+    assert {"backbone.embed.bias", "backbone.bn.weight", "backbone.norm.weight"} <= no_decay
+    assert decay | no_decay == set(by_name.values()) and not decay & no_decay
+    apply_schedule(groups, lr=0.3, weight_decay=0.05)
+    assert [(g["lr"], g["weight_decay"]) for g in groups] == [(0.3, 0.05), (0.3, 0.0)]
+    single = param_groups(net.named_parameters(), optim_config(wd_exclude_1d=False))
+    assert len(single) == 1 and len(single[0]["params"]) == len(by_name)
+
+
+def test_frozen_parameters_are_left_out_of_the_groups():
+    net = ToyMethod().student
+    net.backbone.embed.requires_grad_(False)
+    groups = param_groups(net.named_parameters(), optim_config())
+    assert all(p is not net.backbone.embed.weight for g in groups for p in g["params"])
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd", "lars", "lamb"])
+def test_eager_state_then_step_equals_lazy_first_step(name):
+    """init_state must leave the optimizer exactly where a lazily initialised one starts."""
+    cfg = optim_config(name=name, weight_decay=0.1)
+    nets = [ToyMethod().student for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    opts = [build_optimizer(param_groups(n.named_parameters(), cfg), cfg, CPU) for n in nets]
+    init_state(opts[1])
+    assert len(opts[1].state) == len(list(nets[1].parameters())) or name == "sgd"
+    for net in nets:  # parameters unchanged by init_state
+        torch.testing.assert_close(net.state_dict(), nets[0].state_dict(), rtol=0, atol=0)
+    for step in range(2):
+        for net, opt in zip(nets, opts):
+            torch.manual_seed(step)
+            for p in net.parameters():
+                p.grad = torch.randn_like(p)
+            opt.step()
+    torch.testing.assert_close(nets[1].state_dict(), nets[0].state_dict(), rtol=0, atol=0)
+
+
+def test_lamb_does_not_clip_on_its_own():
+    cfg = optim_config(name="lamb")
+    opt = build_optimizer(param_groups(ToyMethod().student.named_parameters(), cfg), cfg, CPU)
+    assert opt.defaults["max_grad_norm"] is None
+
+
+def test_unknown_optimizer_is_a_user_error():
+    with pytest.raises(UserError, match="optim.name='adam'"):
+        build_optimizer([{"params": [nn.Parameter(torch.ones(2))]}], optim_config(name="adam"), CPU)
+
+
+def grads_of(shapes, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=gen) * scale for s, scale in zip(shapes, SCALES)]
+
+
+SHAPES, SCALES = [(4, 3), (5,), (2, 2, 2), (1,)], [1.0, 0.1, 3.0, 0.5]  # norms about 3.5, 0.2, 8.5, 0.4
+
+
+def test_per_param_clipping_is_dinos_rule():
+    grads, expected = grads_of(SHAPES), grads_of(SHAPES)
+    for g in expected:  # DINO's utils.clip_gradients
+        coef = 2.0 / (g.norm(2) + 1e-6)
+        if coef < 1:
+            g.mul_(coef)
+    total = clip_gradients(grads, 2.0, "per_param")
+    assert total == pytest.approx(float(torch.stack([g.norm() for g in grads_of(SHAPES)]).norm()), rel=1e-6)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e)
+    assert any(torch.equal(g, e) for g, e in zip(grads, grads_of(SHAPES)))  # small ones untouched
+    assert not all(torch.equal(g, e) for g, e in zip(grads, grads_of(SHAPES)))
+
+
+def test_global_clipping_is_torchs_rule():
+    params = [nn.Parameter(torch.zeros(s)) for s in SHAPES]
+    for p, g in zip(params, grads_of(SHAPES)):
+        p.grad = g
+    expected_total = torch.nn.utils.clip_grad_norm_(params, 2.0)
+    grads = grads_of(SHAPES)
+    assert clip_gradients(grads, 2.0, "global") == pytest.approx(float(expected_total), rel=1e-6)
+    for g, p in zip(grads, params):
+        torch.testing.assert_close(g, p.grad)
+
+
+def test_clip_zero_only_measures():
+    grads = grads_of(SHAPES)
+    clip_gradients(grads, 0.0, "global")
+    assert all(torch.equal(g, e) for g, e in zip(grads, grads_of(SHAPES)))
+
+
+def test_checkpointed_blocks():
+    net = ToyMethod(depth=5).student
+    blocks = list(net.backbone.blocks)
+    assert blocks_to_checkpoint(net, "full", 2) == blocks
+    assert blocks_to_checkpoint(net, "every_n", 2) == [blocks[0], blocks[2], blocks[4]]
+    assert blocks_to_checkpoint(net, "none", 2) == []
+    with pytest.raises(UserError, match="activation_checkpointing='some'"):
+        blocks_to_checkpoint(net, "some", 2)
+    with pytest.raises(UserError, match="needs a backbone with block_modules"):
+        blocks_to_checkpoint(nn.Sequential(nn.Linear(2, 2)), "full", 1)
+
+
+def saved_tensor_count_and_grads(net: nn.Module):
+    count = [0]
+
+    def pack(t):
+        count[0] += 1
+        return t
+
+    batch = make_batch(0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = net(batch.crops[0]).sum() + net(batch.crops[1]).sum()  # two forwards, as multi-crop does
+    out.backward()
+    return count[0], {n: p.grad.clone() for n, p in net.named_parameters()}
+
+
+def test_activation_checkpointing_saves_less_and_gives_the_same_gradients():
+    plain = ToyMethod(depth=4).student
+    checkpointed = copy.deepcopy(plain)
+    assert apply_activation_checkpointing(checkpointed, "full", 1) == 4
+    names = [n for n, _ in plain.named_parameters()]
+    assert [n for n, _ in checkpointed.named_parameters()] == names  # composable: names unchanged
+    saved_plain, grads_plain = saved_tensor_count_and_grads(plain)
+    saved_ckpt, grads_ckpt = saved_tensor_count_and_grads(checkpointed)
+    assert saved_ckpt < saved_plain
+    for name in names:
+        torch.testing.assert_close(grads_ckpt[name], grads_plain[name], rtol=0, atol=1e-7)
+
+
+def test_clean_name_strips_wrappers():
+    assert clean_name("module.head.last_layer.weight_v") == "head.last_layer.weight_v"
+    assert clean_name("backbone.blocks.0._checkpoint_wrapped_module.attn.qkv.weight") == \
+        "backbone.blocks.0.attn.qkv.weight"
+    assert clean_name("_orig_mod.module.backbone.cls_token") == "backbone.cls_token"
+
+
+class Uninitialised(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+        self.cls_token = nn.Parameter(torch.zeros(1, 2))  # no reset_parameters covers it
+
+
+def test_meta_init_names_what_the_initialiser_missed():
+    with torch.device("meta"):
+        module = Uninitialised()
+    with pytest.raises(RuntimeError, match="'cls_token' of Uninitialised uninitialised"):
+        materialize(module, CPU)
+
+
+def test_meta_init_prefers_the_models_init_weights():
+    class WithInit(Uninitialised):
+        def init_weights(self):
+            nn.init.ones_(self.cls_token)
+
+    with torch.device("meta"):
+        module = WithInit()
+    materialize(module, CPU)
+    assert torch.equal(module.cls_token, torch.ones(1, 2))
+
+
+def test_precision_rules():
+    assert resolve_precision("bf16", CPU).dtype == torch.bfloat16
+    assert not resolve_precision("fp32", CPU).mixed
+    with pytest.raises(UserError, match="fp16 needs a GPU"):
+        resolve_precision("fp16", CPU)
+    with pytest.raises(UserError, match="engine.precision='half'"):
+        resolve_precision("half", CPU)
+
+
+def test_engine_config_errors():
+    info = DistInfo(0, 1, 0, "127.0.0.1", 0, "single")
+    with pytest.raises(UserError, match="engine.kind='zero'"):
+        build_engine(EngineConfig(kind="zero"), optim_config(), info, CPU)
+    with pytest.raises(UserError, match="engine.grad_accum"):
+        build_engine(EngineConfig(kind="ddp", grad_accum=0), optim_config(), info, CPU)
+    with pytest.raises(UserError, match="optim.clip_mode='norm'"):
+        build_engine(EngineConfig(kind="fsdp2"), optim_config(clip_mode="norm"), info, CPU)
+
+
+def test_toy_method_contract():
+    method = ToyMethod()
+    student_names = {n for n, _ in method.student.named_parameters()}
+    assert {n for n, _ in method.teacher.named_parameters()} < student_names
+    assert not any(p.requires_grad for p in method.teacher.parameters())
+    loss, _ = method.loss(make_batch(0), context(0))
+    assert loss.ndim == 0 and dataclasses.is_dataclass(optim_config())
