@@ -9,14 +9,15 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from scale.checkpoint import Checkpointer
+from scale.checkpoint import Checkpointer, CheckpointStore
+from scale.checkpoint.init import load_backbone_weights
 from scale.config import load_recipe
 from scale.config.load import from_dict
 from scale.data.loader import build_loader
 from scale.data.batch import split_batch
 from scale.engine import build_engine
 from scale.engine.dist import DistInfo, init_distributed, seed_everything, shutdown
-from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
+from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss, UserError
 from scale.faults import maybe_kill
 from scale.launch.local import already_launched, spawn
 from scale.methods import build_method
@@ -64,14 +65,25 @@ class Trainer:
                                    seed=cfg.train.seed, samples_per_epoch=cfg.train.samples_per_epoch)
         self.steps_per_epoch = self.loader.steps_per_epoch
         self.total_steps = cfg.train.epochs * self.steps_per_epoch
-        self.method = build_method(cfg, self.steps_per_epoch, self.total_steps)
+        self.method = build_method(cfg, self.steps_per_epoch, self.total_steps,
+                                   device="meta" if cfg.engine.meta_init else None)
         self.engine = build_engine(cfg.engine, cfg.optim, info, device)
+        fresh = not CheckpointStore(run.checkpoints).candidates()
+        if cfg.train.init_weights and fresh and not cfg.engine.meta_init:
+            load_backbone_weights(self._modules(), cfg.train.init_weights, sharded=False)
         self.engine.setup(self.method)
+        if cfg.train.init_weights and fresh and cfg.engine.meta_init:
+            if cfg.engine.kind != "fsdp2":
+                raise UserError("train.init_weights with engine.meta_init needs engine.kind=fsdp2")
+            load_backbone_weights(self._modules(), cfg.train.init_weights, sharded=True)
         self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
         self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
         self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, self.method, self.loader)
         self.metrics = MetricsWriter(run, info.is_main)
         self.preemption = Preemption(list(cfg.train.preempt_signals))
+
+    def _modules(self) -> list:
+        return [m for m in (self.method.student, self.method.teacher) if m is not None]
 
     def ckpt_every(self) -> int:
         return self.cfg.train.ckpt_every_steps or self.steps_per_epoch

@@ -15,6 +15,9 @@ class EngineConfig:
     reshard_after_forward: bool = True  # fsdp2: free gathered block parameters after forward (the root keeps them)
     sync_bn: bool = True  # GPU, world > 1: BatchNorm -> SyncBatchNorm, as DINO and MoCo v3 do (no SyncBN on CPU)
     find_unused_parameters: bool = False  # ddp: needed when some student parameters get no gradient in a step
+    # build the modules on the meta device and initialise them after sharding, so that no rank ever holds the
+    # whole model (ViT-L/7, ViT-H, Swin-B/W14 under fsdp2); each rank draws its own shards' random init
+    meta_init: bool = False
 
 
 @dataclass

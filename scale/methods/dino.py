@@ -95,7 +95,7 @@ class Dino(Method):
         self.teacher_temp = schedules.teacher_temperature(dc.warmup_teacher_temp, dc.teacher_temp,
                                                           dc.warmup_teacher_temp_epochs, epochs)
         # created with the method (not lazily) so that a checkpoint template always has it to load into
-        self.center = torch.zeros(1, dc.out_dim)
+        self.center = torch.zeros(1, dc.out_dim, device="cpu")  # not on the meta device of a meta build
 
     def _head(self, in_dim: int, norm_last_layer: bool, predictor: bool) -> DinoHead:
         dc = self.cfg

@@ -55,7 +55,7 @@ def region_loss_pairs(student_tokens: list[torch.Tensor], teacher_tokens: list[t
 class Esvit(Dino):
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         super().__init__(cfg, steps_per_epoch, total_steps, backbone_fn)
-        self.region_center = torch.zeros(1, self.cfg.out_dim)
+        self.region_center = torch.zeros(1, self.cfg.out_dim, device="cpu")
 
     def _build(self, backbone: nn.Module, norm_last_layer: bool, predictor: bool) -> MultiCropNet:
         return MultiCropNet(backbone, self._head(backbone.embed_dim, norm_last_layer, predictor),

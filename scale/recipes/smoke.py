@@ -129,6 +129,19 @@ def smoke_run(recipe: str, work_dir: Path | str, data_dir: Path | str | None = N
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     stem = cfg.meta.name.replace("/", "__")
+    if cfg.train.init_weights:  # fine-tuning rows: start from an exported (here random) backbone of the tiny model
+        cfg.train.init_weights = str(_random_backbone(cfg, work / f"{stem}.init.safetensors"))
     shrunk = work / f"{stem}.yaml"
     shrunk.write_text(to_yaml(cfg))
     return main(str(shrunk), [], run_dir=str(work / stem), nproc=RANKS)
+
+
+def _random_backbone(cfg: DictConfig, path: Path) -> Path:
+    """A randomly initialised backbone of the shrunk model, saved as `scale ckpt export` would write it."""
+    from safetensors.torch import save_file
+
+    from scale.models import build_backbone
+
+    backbone = build_backbone(cfg.model)
+    save_file({k: v.contiguous() for k, v in backbone.state_dict().items()}, str(path))
+    return path

@@ -1,0 +1,44 @@
+"""train.init_weights: a fresh run starts from an exported backbone (student and teacher), also when the model is
+built on the meta device and sharded first; a file that does not fit fails naming it."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from scale.checkpoint.export import read_tensors
+from scale.checkpoint.store import resolve
+from scale.config import load_recipe
+from scale.models import build_backbone
+from tests.helpers_run import TINY, embedded_data, run_train  # noqa: F401
+
+FROZEN = TINY + ["train.max_steps=1", "optim.lr=0.0", "optim.min_lr=0.0", "optim.clip_grad=0.0"]
+
+
+@pytest.fixture
+def weights(tmp_path):
+    torch.manual_seed(7)
+    backbone = build_backbone(load_recipe("demo/dino_tiny").model)
+    state = {k: v.contiguous() for k, v in backbone.state_dict().items()}
+    path = tmp_path / "backbone.safetensors"
+    save_file(state, str(path))
+    return path, state
+
+
+@pytest.mark.parametrize("engine", [["engine.kind=ddp"], ["engine.kind=fsdp2", "engine.meta_init=true"]])
+def test_fresh_run_starts_from_exported_backbone(embedded_data, tmp_path, weights, engine):  # noqa: F811
+    path, state = weights
+    out = run_train(embedded_data, tmp_path / "run", FROZEN + engine + [f"train.init_weights={path}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    saved = resolve(tmp_path / "run")
+    for part in ("student", "teacher"):  # lr 0: one step leaves the loaded weights as they were
+        loaded = read_tensors(saved, f"engine.{part}.backbone.")
+        assert loaded.keys() == state.keys()
+        assert all(torch.equal(loaded[k], state[k]) for k in state), part
+
+
+def test_mismatched_weights_fail_naming_the_file(embedded_data, tmp_path):  # noqa: F811
+    path = tmp_path / "wrong.safetensors"
+    save_file({"not_a_backbone.weight": torch.zeros(2)}, str(path))
+    out = run_train(embedded_data, tmp_path / "run", FROZEN + [f"train.init_weights={path}"])
+    assert out.returncode == 2
+    assert "wrong.safetensors does not match" in out.stderr
