@@ -13,7 +13,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from scale.errors import UserError  # noqa: E402
 from scale.rundir import RunDir, read_metrics  # noqa: E402
 
-PLOTS = {"loss": ("loss", "training loss"), "knn": ("knn_top1", "k-NN top-1 (%)"),
+PLOTS = {"loss": ("loss", "training loss"), "knn": ("knn_monitor_top1", "k-NN monitor top-1 (%)"),
          "throughput": ("images_per_s", "images/s (global)")}
 
 

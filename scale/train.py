@@ -1,5 +1,6 @@
 """The training loop: the only place that sees the data, the method, the engine and the checkpoints together."""
 
+import contextlib
 import logging
 import math
 import time
@@ -17,6 +18,7 @@ from scale.data.loader import build_loader
 from scale.data.batch import split_batch
 from scale.engine import build_engine
 from scale.engine.dist import DistInfo, init_distributed, seed_everything, shutdown
+from scale.eval.monitor import KnnMonitor
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss, UserError
 from scale.faults import maybe_kill
 from scale.launch.local import already_launched, spawn
@@ -55,7 +57,14 @@ def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> None:
         dist.barrier()
 
 
+def no_phase(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
 class Trainer:
+    # entered around the forward, backward and optimizer parts of every step; scale.bench sets a timer
+    phase = staticmethod(no_phase)
+
     def __init__(self, cfg: DictConfig, run: RunDir, info: DistInfo, device: torch.device):
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         prepare_run_dir(cfg, run, info)
@@ -81,6 +90,7 @@ class Trainer:
         self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, self.method, self.loader)
         self.metrics = MetricsWriter(run, info.is_main)
         self.preemption = Preemption(list(cfg.train.preempt_signals))
+        self.knn_monitor = None  # built at the first step that has features (their width is known then)
 
     def _modules(self) -> list:
         return [m for m in (self.method.student, self.method.teacher) if m is not None]
@@ -144,20 +154,33 @@ class Trainer:
         totals: dict[str, float] = {}
         micro_batches = split_batch(batch, self.cfg.engine.grad_accum)
         for micro in micro_batches:
-            with self.engine.autocast():
+            with self.phase("forward"), self.engine.autocast():
                 loss, metrics = self.method.loss(micro, ctx)
             self._check_finite(loss, step, micro)
-            self.engine.backward(loss)
+            with self.phase("backward"):
+                self.engine.backward(loss)
             for key, value in {"loss": loss.item(), **metrics}.items():
                 totals[key] = totals.get(key, 0.0) + float(value) / len(micro_batches)
-        totals.update(self.engine.step(self.method.frozen_params(ctx)))
-        momentum = self.method.ema_momentum(ctx)
-        if momentum is not None:
-            self.engine.ema(momentum)
+        with self.phase("optimizer"):
+            totals.update(self.engine.step(self.method.frozen_params(ctx)))
+            momentum = self.method.ema_momentum(ctx)
+            if momentum is not None:
+                self.engine.ema(momentum)
         step_time = time.perf_counter() - started
+        totals.update(self._monitor(step, batch))
         return {**totals, "lr": lr, "weight_decay": wd, "epoch": ctx.epoch, "step_time_s": step_time,
                 "images_per_s": self.cfg.train.global_batch / step_time,
                 **({"teacher_momentum": momentum} if momentum is not None else {})}
+
+    def _monitor(self, step: int, batch) -> dict:
+        """MoCo v3's k-NN monitor: a queue of this run's training features, k-NN accuracy every N steps."""
+        every, features = self.cfg.train.knn_monitor_every, self.method.monitor_features
+        if not every or features is None or batch.labels.dim() != 1:
+            return {}
+        if self.knn_monitor is None:
+            self.knn_monitor = KnnMonitor.from_config(self.cfg, features.shape[1], self.device)
+        self.knn_monitor.update(features.float(), batch.labels)
+        return {"knn_monitor_top1": self.knn_monitor.accuracy()} if (step + 1) % every == 0 else {}
 
     def _check_finite(self, loss: torch.Tensor, step: int, batch) -> None:
         """Every rank learns whether any rank's loss is non-finite, before any update is applied."""

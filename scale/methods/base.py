@@ -35,6 +35,8 @@ class StepContext:
 class Method(abc.ABC):
     student: nn.Module
     teacher: nn.Module | None = None
+    # backbone features (no grad) of the first view of the last loss() call's images, for the k-NN monitor
+    monitor_features: torch.Tensor | None = None
 
     @abc.abstractmethod
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:

@@ -129,7 +129,9 @@ class Dino(Method):
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
         n_teacher, n_student = batch.views_per_group[0], sum(batch.views_per_group)
         with torch.no_grad():
-            teacher_logits = self.teacher(batch.crops[:1], region=False)["logits"]
+            teacher = self.teacher(batch.crops[:1], region=False)
+        teacher_logits = teacher["logits"]
+        self.monitor_features = teacher["pooled"][:batch.batch_size].detach()
         student_logits = self.student(batch.crops, region=False)["logits"]
         loss, metrics = self.view_loss(student_logits, teacher_logits, self.temperature(ctx), n_teacher, n_student)
         return loss, {"loss": loss.item(), "teacher_temp": self.temperature(ctx), **metrics}

@@ -70,6 +70,7 @@ class Esvit(Dino):
         temp = self.temperature(ctx)
         with torch.no_grad():
             teacher = self.teacher(batch.crops[:1], region=region)
+        self.monitor_features = teacher["pooled"][:batch.batch_size].detach()
         student = self.student(batch.crops, region=region)
         view, metrics = self.view_loss(student["logits"], teacher["logits"], temp, n_teacher, n_student)
         if not region:

@@ -64,7 +64,9 @@ class MocoV3(Method):
         crops, views = batch.crops[:1], batch.views_per_group[:1]
         q1, q2 = self.student(crops, views, self.per_view_bn)["p"].chunk(2)
         with torch.no_grad():
-            k1, k2 = self.teacher(crops, views, self.per_view_bn)["z"].chunk(2)
+            keys = self.teacher(crops, views, self.per_view_bn)
+        k1, k2 = keys["z"].chunk(2)
+        self.monitor_features = keys["pooled"][:batch.batch_size].detach()
         tau = self.cfg.temperature
         loss = contrastive(q1, k2, tau) + contrastive(q2, k1, tau)
         return loss, {"loss": loss.item()}

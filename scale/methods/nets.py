@@ -20,7 +20,7 @@ class MultiCropNet(nn.Module):
 
     def forward(self, crops: list[torch.Tensor], region: bool = True) -> dict:
         features = [self.backbone(x) for x in crops]
-        out = {"logits": self.head(torch.cat([f["pooled"] for f in features]))}
+        out = {"logits": self.head(torch.cat([f["pooled"] for f in features])), "pooled": features[0]["pooled"]}
         if self.region_head is not None and region:
             tokens = [f["tokens"] for f in features]
             flat = self.region_head(torch.cat([t.flatten(0, 1) for t in tokens]))
@@ -64,7 +64,7 @@ class ProjectionNet(nn.Module):
                 features = self.backbone(x)["pooled"]
                 pooled += list(features.chunk(views)) if per_view_bn else [features]
         parts = [self._heads(p) for p in pooled]
-        return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+        return {"pooled": torch.cat(pooled), **{key: torch.cat([p[key] for p in parts]) for key in parts[0]}}
 
 
 class Prototypes(nn.Module):
