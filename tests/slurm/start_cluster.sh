@@ -13,7 +13,42 @@ node_ready() {
     sinfo -h -n localhost -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated|completing)'
 }
 
-if command -v sinfo >/dev/null && node_ready; then
+# the configuration this script maintains
+NEW_CONF=$(cat <<EOF
+$MARK
+ClusterName=scaletest
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+# a requeued job may start again after cred_expire seconds (default 120): short, so requeue tests are quick
+AuthInfo=cred_expire=10
+StateSaveLocation=$SPOOL/ctld
+SlurmdSpoolDir=$SPOOL/d
+SlurmctldPidFile=/run/scale-slurmctld.pid
+SlurmdPidFile=/run/scale-slurmd.pid
+SlurmctldLogFile=$LOGS/slurmctld.log
+SlurmdLogFile=$LOGS/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+MpiDefault=none
+MailProg=/bin/true
+ReturnToService=2
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+# finished jobs stay visible to scontrol (and so to scale status) for 10 minutes
+MinJobAge=600
+KillWait=5
+NodeName=localhost CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+EOF
+)
+
+if [ -e "$CONF" ] && [ "$(cat "$CONF")" = "$NEW_CONF" ] && command -v sinfo >/dev/null && node_ready; then
     exit 0
 fi
 
@@ -46,50 +81,22 @@ if [ -e "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
     echo "start_cluster.sh: $CONF exists and was not written by this script; not touching it" >&2
     exit 1
 fi
+pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+stop_daemon() {
+    pid_alive "$1" || return 0
+    kill "$(cat "$1")"
+    for _ in $(seq 100); do pid_alive "$1" || return 0; sleep 0.1; done
+    echo "start_cluster.sh: the daemon of $1 did not stop" >&2
+    exit 1
+}
 mkdir -p /etc/slurm "$SPOOL/ctld" "$SPOOL/d" "$LOGS"
-NEW_CONF=$(cat <<EOF
-$MARK
-ClusterName=scaletest
-SlurmctldHost=localhost
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-# a requeued job may start again after cred_expire seconds (default 120): short, so requeue tests are quick
-AuthInfo=cred_expire=10
-StateSaveLocation=$SPOOL/ctld
-SlurmdSpoolDir=$SPOOL/d
-SlurmctldPidFile=/run/scale-slurmctld.pid
-SlurmdPidFile=/run/scale-slurmd.pid
-SlurmctldLogFile=$LOGS/slurmctld.log
-SlurmdLogFile=$LOGS/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-MpiDefault=none
-MailProg=/bin/true
-ReturnToService=2
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-# finished jobs stay visible to scontrol (and so to scale status) for 10 minutes
-MinJobAge=600
-KillWait=10
-NodeName=localhost CPUs=2 State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
-EOF
-)
 if [ ! -e "$CONF" ] || [ "$(cat "$CONF")" != "$NEW_CONF" ]; then
     printf '%s\n' "$NEW_CONF" > "$CONF"
     # a changed configuration needs fresh daemons
-    pkill_pidfile() { [ -s "$1" ] && kill "$(cat "$1")" 2>/dev/null || true; }
-    pkill_pidfile /run/scale-slurmd.pid
-    pkill_pidfile /run/scale-slurmctld.pid
-    sleep 1
+    stop_daemon /run/scale-slurmd.pid
+    stop_daemon /run/scale-slurmctld.pid
 fi
 
-pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 pid_alive /run/scale-slurmctld.pid || slurmctld
 pid_alive /run/scale-slurmd.pid || slurmd
 

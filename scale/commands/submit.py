@@ -1,0 +1,46 @@
+"""scale submit RECIPE [overrides] --nodes N --gpus-per-node G [Slurm options] [--sweep FILE] [--dry-run]"""
+
+from pathlib import Path
+
+from scale.launch import slurm
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("submit", help="render an sbatch script into the run directory and submit it to Slurm")
+    parser.add_argument("recipe", help="recipe name (see `scale recipes list`) or YAML path")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--gpus-per-node", type=int, default=0, help="one task per GPU; 0: a CPU job (gloo)")
+    parser.add_argument("--tasks-per-node", type=int, help="tasks of a CPU job per node (default 1)")
+    parser.add_argument("--partition")
+    parser.add_argument("--time", help="time limit: minutes, HH:MM:SS or D-HH:MM:SS")
+    parser.add_argument("--account")
+    parser.add_argument("--qos")
+    parser.add_argument("--constraint")
+    parser.add_argument("--cpus-per-task", type=int)
+    parser.add_argument("--mem", help="memory per node, e.g. 256G")
+    parser.add_argument("--signal-lead", type=int, default=120,
+                        help="seconds before the time limit at which the run checkpoints and requeues (default 120)")
+    parser.add_argument("--job-name", help="default: the recipe name")
+    parser.add_argument("--run-dir", help="run directory (default runs/<recipe>); a sweep puts task_NNN/ inside")
+    parser.add_argument("--sweep", help="YAML list of override sets: one job array task and run directory each")
+    parser.add_argument("--template", type=Path, default=slurm.TEMPLATE, help="sbatch template (Jinja2)")
+    parser.add_argument("--dry-run", action="store_true", help="render the script and print it; do not submit")
+    parser.set_defaults(func=cmd_submit)
+
+
+def cmd_submit(args) -> int:
+    options = slurm.SlurmOptions(
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
+        partition=args.partition, time=args.time, account=args.account, qos=args.qos, constraint=args.constraint,
+        cpus_per_task=args.cpus_per_task, mem=args.mem, signal_lead=args.signal_lead, job_name=args.job_name)
+    job = slurm.plan(args.recipe, args.overrides, args.run_dir, options, sweep=args.sweep)
+    script = slurm.write(job, args.template)
+    if args.dry_run:
+        print(script.read_text(), end="")
+        print(f"# rendered {script} (not submitted)")
+        return 0
+    job_id = slurm.submit(job)
+    tasks = f" ({len(job.tasks)} array tasks)" if job.array else ""
+    print(f"submitted job {job_id}{tasks}; run directory {job.run_dir}; script {script}")
+    return 0

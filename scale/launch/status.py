@@ -1,0 +1,178 @@
+"""What a run directory says about its run: step, epoch, loss, throughput, ETA, last checkpoint, Slurm state.
+
+Everything is read defensively: a run that has not started, a half-written metrics line or a missing checkpoint
+pointer give empty fields, never an error.
+"""
+
+import json
+import re
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from scale.launch import slurm
+
+RATE_WINDOW = 20  # metrics lines the throughput and ETA are averaged over
+
+
+@dataclass
+class RunStatus:
+    run_dir: str
+    step: int | None = None
+    total_steps: int | None = None
+    epoch: float | None = None
+    loss: float | None = None
+    images_per_s: float | None = None
+    steps_per_s: float | None = None
+    eta_s: float | None = None
+    last_checkpoint: str | None = None
+    checkpoint_step: int | None = None
+    job_id: str | None = None
+    slurm: dict | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The parseable lines of metrics.jsonl (the last one may be half-written while the run is going)."""
+    records = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), (int, float)):
+            records.append(record)
+    return records
+
+
+def total_steps(config_path: Path) -> int | None:
+    """train.max_steps, else epochs x samples_per_epoch / global_batch when the config names them all."""
+    try:
+        train = (yaml.safe_load(config_path.read_text()) or {}).get("train") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    epochs, samples, batch = train.get("epochs"), train.get("samples_per_epoch"), train.get("global_batch")
+    by_epochs = epochs * (samples // batch) if all(isinstance(v, int) and v > 0 for v in (epochs, samples, batch)) \
+        else None
+    max_steps = train.get("max_steps")
+    candidates = [v for v in (max_steps if isinstance(max_steps, int) else None, by_epochs) if v]
+    return min(candidates) if candidates else None
+
+
+def _step_of(name: str) -> int | None:
+    match = re.search(r"(\d+)$", name)
+    return int(match.group(1)) if match else None
+
+
+def last_checkpoint(checkpoints: Path) -> str | None:
+    """The step directory the `latest` pointer names (a text file or a symlink), else the newest step directory."""
+    latest = checkpoints / "latest"
+    try:
+        if latest.is_symlink():
+            name = Path(latest.readlink()).name
+        elif latest.is_file():
+            name = latest.read_text().strip()
+        else:
+            name = ""
+    except OSError:
+        name = ""
+    if name and (checkpoints / name).is_dir():
+        return name
+    try:
+        steps = [p.name for p in checkpoints.iterdir() if p.is_dir() and _step_of(p.name) is not None
+                 and not p.name.startswith(".")]
+    except OSError:
+        return None
+    return max(steps, key=_step_of) if steps else None
+
+
+def _rate(records: list[dict]) -> float | None:
+    """Steps per second over the last lines of the current segment: walking back from the newest line, stop at a
+    long pause (a requeue or resume) or where the step goes backwards (a restart from an older checkpoint)."""
+    window = [r for r in records[-RATE_WINDOW:] if isinstance(r.get("time"), (int, float))]
+    if len(window) < 2:
+        return None
+    gaps = [b["time"] - a["time"] for a, b in zip(window, window[1:])]
+    typical = statistics.median(gaps)
+    start = len(window) - 1
+    while start > 0 and gaps[start - 1] <= 5 * typical and window[start - 1]["step"] < window[start]["step"]:
+        start -= 1
+    first, last = window[start], window[-1]
+    seconds, steps = last["time"] - first["time"], last["step"] - first["step"]
+    return steps / seconds if steps > 0 and seconds > 0 else None
+
+
+def run_status(run_dir: str | Path, query_slurm: bool = True) -> RunStatus:
+    root = Path(run_dir)
+    status = RunStatus(run_dir=str(root))
+    records = read_metrics(root / "metrics.jsonl")
+    status.total_steps = total_steps(root / "config.yaml")
+    if records:
+        last = records[-1]
+        status.step = int(last["step"])
+        status.epoch = last.get("epoch")
+        status.loss = last.get("loss")
+        status.images_per_s = last.get("images_per_s")
+        status.steps_per_s = _rate(records)
+        if status.total_steps is not None:
+            remaining = max(status.total_steps - status.step, 0)
+            if remaining == 0:
+                status.eta_s = 0.0
+            elif status.steps_per_s:
+                status.eta_s = remaining / status.steps_per_s
+    status.last_checkpoint = last_checkpoint(root / "checkpoints")
+    if status.last_checkpoint is not None:
+        status.checkpoint_step = _step_of(status.last_checkpoint)
+    status.job_id = slurm.recorded_job(root)
+    if query_slurm and status.job_id is not None:
+        status.slurm = slurm.job_state(status.job_id)
+    return status
+
+
+def sweep_tasks(run_dir: str | Path) -> list[Path]:
+    """The task run directories of a sweep submitted into this directory (empty for a single run)."""
+    return sorted(p for p in Path(run_dir).glob("task_[0-9]*") if p.is_dir())
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return (f"{days}d " if days else "") + f"{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def summary_row(status: RunStatus) -> dict[str, str]:
+    """Display strings for one run."""
+    def num(value, fmt):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "-"
+        return str(value) if isinstance(value, int) else format(value, fmt)
+
+    step = "-" if status.step is None else str(status.step)
+    if status.total_steps is not None:
+        step += f"/{status.total_steps}"
+    slurm_state = "-"
+    if status.slurm:
+        slurm_state = status.slurm.get("jobstate", "?")
+        if status.slurm.get("restarts", "0") not in ("0", ""):
+            slurm_state += f" (requeued {status.slurm['restarts']}x)"
+        reason = status.slurm.get("reason")
+        if reason and reason != "None":
+            slurm_state += f" [{reason}]"
+    elif status.job_id:
+        slurm_state = "unknown to Slurm"
+    return {"run": status.run_dir, "step": step, "epoch": num(status.epoch, ".2f"), "loss": num(status.loss, ".4f"),
+            "images/s": num(status.images_per_s, ".1f"), "eta": _duration(status.eta_s),
+            "checkpoint": status.last_checkpoint or "-",
+            "job": status.job_id or "-", "slurm": slurm_state}
