@@ -1,28 +1,34 @@
-"""scale bench TARGET ...: `scale bench data RECIPE [--workers N] [--images N]` measures the data pipeline.
+"""scale bench: throughput benchmarks.
 
-The first word selects what is measured, so that training throughput (`scale bench RECIPE ...`) can be routed from
-`BENCHES` in this module too.
+- `scale bench RECIPE [overrides] [--steps N] [--warmup W] [--synthetic-data] [--matrix key=v1,v2 ...] [--json F]
+  [--nproc N]`: real training steps (scale.bench.run), one table row per setting of the matrix;
+- `scale bench data RECIPE [--workers N] [--images N]` measures the data pipeline;
+- `scale bench table dino8|esvit9|mocov3-3 [--scale tiny|full] ...`: the papers' cost tables.
+The first word selects a benchmark from `BENCHES`; any other first word is a recipe.
 """
 
 import argparse
+import json
 
 from scale.errors import UserError
 
 
 def _data_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scale bench data",
-                                     description="images/s and crops/s of the view pipeline vs official DINO's")
+                                     description="images/s and crops/s of the view pipeline vs official DINO's, "
+                                                 "and of the DALI backend when installed")
     parser.add_argument("recipe", help="recipe name or YAML path (its data.views and data.train are used)")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     parser.add_argument("--workers", type=int, default=1, help="processes, for both pipelines")
     parser.add_argument("--images", type=int, default=200, help="images read from the shards")
     parser.add_argument("--shards", help="shard directory (default: the recipe's data.train)")
+    parser.add_argument("--dali-device", default="auto", help="DALI backend: auto | gpu | cpu")
     return parser
 
 
 def bench_data(argv: list[str]) -> int:
     from scale.config import load_recipe
-    from scale.data.bench import bench_views
+    from scale.data.bench import bench_dali, bench_views, dali_available
 
     args = _data_parser().parse_args(argv)
     cfg = load_recipe(args.recipe, args.overrides)
@@ -34,20 +40,91 @@ def bench_data(argv: list[str]) -> int:
     print(f"  speedup   {result['speedup']:8.2f}x images/s on the same cores (wall clock)")
     print(f"            {result['speedup_per_core']:8.2f}x per core (CPU seconds: ours {result['ours_cpu_s']:.1f}, "
           f"reference {result['reference_cpu_s']:.1f})")
+    if not dali_available():
+        print("  dali      not installed (pip install 'scale[dali]')")
+        return 0
+    dali = bench_dali(cfg.data.views, args.shards or cfg.data.train, workers=args.workers, images=args.images,
+                      device=args.dali_device)
+    print(f"  dali/{dali['device']}  {dali['images_per_s']:8.1f} images/s {dali['crops_per_s']:9.1f} crops/s "
+          f"({dali['images']} images, {args.workers} thread(s), {dali['cpu_s']:.1f} CPU seconds)")
     return 0
 
 
-BENCHES = {"data": bench_data}
+def _train_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scale bench",
+                                     description="images/s, step-time phases, memory and MFU of real training steps")
+    parser.add_argument("recipe", help="recipe name or YAML path")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per setting")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
+    parser.add_argument("--synthetic-data", action="store_true",
+                        help="random batches of the recipe's crop layout instead of its shards")
+    parser.add_argument("--matrix", nargs="+", default=[], metavar="KEY=V1,V2",
+                        help="compare settings: engine, precision, ac, micro_batch, crops, batch or a recipe key")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--nproc", type=int, default=0, help="spawn this many local processes (CPU: gloo)")
+    return parser
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == "--nproc":
+            skip = True
+        elif not item.startswith("--nproc="):
+            out.append(item)
+    return out
+
+
+def bench_train(argv: list[str]) -> int:
+    from scale.config import load_recipe
+    from scale.launch.local import already_launched, spawn
+
+    args = _train_parser().parse_args(argv)
+    load_recipe(args.recipe, args.overrides)  # validate before spawning anything
+    if args.nproc > 1 and not already_launched():
+        return spawn(args.nproc, ["bench", *without_nproc(argv)])
+    from scale.bench.matrix import format_table, run_matrix
+    from scale.engine.dist import detect, shutdown
+
+    try:
+        rows = run_matrix(args.recipe, args.overrides, args.matrix, args.steps, args.warmup, args.synthetic_data)
+    finally:
+        shutdown()
+    if detect().is_main:
+        print(f"{args.recipe}: {args.steps} timed steps after {args.warmup} warm-up and 1 profiled step, "
+              f"{rows[0]['world']} rank(s), {'synthetic' if args.synthetic_data else 'shard'} data; phases in s/step")
+        print(format_table(rows))
+        print(f"MFU against {rows[0].get('peak_source', '-')}; memory: peak tensor bytes (CUDA max allocated or "
+              f"CPU tracked allocations), state = params + grads + optimizer + teacher per rank")
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(rows, out, indent=1)
+    return 0
+
+
+def bench_table(argv: list[str]) -> int:
+    from scale.bench.tables import main
+
+    return main(argv)
+
+
+BENCHES = {"data": bench_data, "table": bench_table}
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("bench", help="throughput benchmarks: `scale bench data RECIPE` for the data pipeline")
-    parser.add_argument("target", help=f"what to measure: {', '.join(BENCHES)}")
+    parser = sub.add_parser("bench", help="throughput benchmarks: `scale bench RECIPE` (training steps), "
+                                          "`scale bench data RECIPE`, `scale bench table NAME`")
+    parser.add_argument("target", help=f"a recipe, or one of: {', '.join(BENCHES)}")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of that benchmark")
     parser.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args) -> int:
-    if args.target not in BENCHES:
-        raise UserError(f"unknown benchmark '{args.target}' (choose from {', '.join(BENCHES)})")
-    return BENCHES[args.target](args.args)
+    if args.target in BENCHES:
+        return BENCHES[args.target](args.args)
+    if args.target.startswith("-"):
+        raise UserError(f"scale bench: expected a recipe or one of {', '.join(BENCHES)} first, got '{args.target}'")
+    return bench_train([args.target, *args.args])

@@ -1,4 +1,4 @@
-"""scale shards build|verify"""
+"""scale shards build|verify|dali-index"""
 
 from pathlib import Path
 
@@ -20,6 +20,10 @@ def register(sub) -> None:
     verify.add_argument("dir")
     verify.add_argument("--no-decode", action="store_true", help="skip decoding every image")
     verify.set_defaults(func=cmd_verify)
+    dali_index = ssub.add_parser("dali-index", help="write the index files of DALI's webdataset reader (data.backend="
+                                                     "dali; `build` writes them too)")
+    dali_index.add_argument("dir")
+    dali_index.set_defaults(func=cmd_dali_index)
 
 
 def cmd_build(args) -> int:
@@ -47,3 +51,11 @@ def cmd_verify(args) -> int:
         print(problem)
     print(f"{args.dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
     return 1 if problems else 0
+
+
+def cmd_dali_index(args) -> int:
+    from scale.data.dali.index import write_dali_indexes
+
+    paths = write_dali_indexes(args.dir)
+    print(f"{args.dir}: {len(paths)} DALI index file(s) up to date")
+    return 0

@@ -1,5 +1,9 @@
 """Throughput of the view pipeline on shards against the official DINO augmentation, on the same images and cores.
 
+`bench_dali` measures the DALI backend (data.backend=dali) on the same shards beside them: its loader, with
+data.workers threads, reading the tars (page-cached after the first pass) on the GPU when there is one, else on the
+CPU; the first batch (pipeline build and prefetch) is not counted.
+
 Both read the same JPEG bytes (held in memory, so the disk is out of the measurement) and run in the same worker
 processes, alternating on chunks of `batch` images so that both see the same load from anything else running on the
 machine; crops/s counts every crop produced (ours: the recipe's views, collated and normalised as the loader does;
@@ -14,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from scale.data.loader import ShardReader, collate
+from scale.data.loader import ShardReader, build_loader, collate
 from scale.data.reference import ReferenceDino
 from scale.data.shards import read_manifest
 from scale.data.views import build_views
@@ -84,3 +88,35 @@ def bench_views(views_cfg, shard_dir, workers: int = 1, images: int = 200, batch
     out["speedup"] = out["ours_images_per_s"] / out["reference_images_per_s"]
     out["speedup_per_core"] = out["reference_cpu_s"] / out["ours_cpu_s"]
     return out
+
+
+def dali_available() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def bench_dali(views_cfg, shard_dir, workers: int = 1, images: int = 200, batch: int = 32,
+               device: str = "auto") -> dict:
+    """Images/s, crops/s and CPU seconds of the DALI loader over `images` samples (after one warm-up batch)."""
+    from omegaconf import OmegaConf
+
+    from scale.data.config import DataConfig
+
+    cfg = OmegaConf.structured(DataConfig(train=str(shard_dir), val=str(shard_dir), backend="dali",
+                                          dali_device=device, workers=workers))
+    cfg.views = views_cfg
+    total = read_manifest(shard_dir)["num_samples"]
+    steps = max(1, min(images, total) // batch - 1)
+    loader = build_loader(cfg, "train", batch, 0, 1, seed=0, samples_per_epoch=(steps + 1) * batch)
+    batches = iter(loader)
+    next(batches)
+    wall, cpu = time.perf_counter(), time.process_time()
+    crops = sum(sum(c.shape[0] for c in b.crops) for b in batches)
+    if loader.device == "gpu":
+        torch.cuda.synchronize()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"images": steps * batch, "device": loader.device, "images_per_s": steps * batch / wall,
+            "crops_per_s": crops / wall, "cpu_s": cpu}

@@ -42,7 +42,8 @@ class DataConfig:
     # a shard directory with an _info.json manifest; ${oc.env:SCALE_DATA,data} lets a cluster point elsewhere
     train: str = "${oc.env:SCALE_DATA,data}/imagenet1k/train"
     val: str = "${oc.env:SCALE_DATA,data}/imagenet1k/val"
-    backend: str = "torchvision"  # torchvision | dali
+    backend: str = "torchvision"  # torchvision | dali (extra `dali`; multicrop and two_view views)
+    dali_device: str = "auto"  # auto (the GPU when CUDA is available) | gpu | cpu
     mode: str = "epochs"  # epochs (every sample once per epoch) | resampled (infinite stream)
     workers: int = 4
     shuffle_buffer: int = 2000

@@ -1,7 +1,8 @@
 """WebDataset shards: write them from a source, read their manifest and index, verify them.
 
 A shard directory holds `shard-NNNNNN.tar` files, one `shard-NNNNNN.idx` per tar (member offsets, so a loader can
-read any sample by its position; it is also the marker that the shard is complete) and the manifest `_info.json`:
+read any sample by its position; it is also the marker that the shard is complete), one `shard-NNNNNN.dali-idx` (the
+same offsets in the format of DALI's webdataset reader: scale/data/dali/index.py) and the manifest `_info.json`:
 
     {"format": "scale-shards-1", "source": "...", "label_kind": "single" | "multi" | "none",
      "classes": [names...], "num_samples": N, "num_skipped": K, "options": {...build options...},
@@ -253,6 +254,9 @@ def build_shards(source: Source, out_dir, shard_size: int = 1000, max_side: Opti
                     "index": index_name(n)} for n, r in enumerate(records)],
     }
     _atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=1))
+    from scale.data.dali.index import write_dali_indexes  # DALI's reader index (plain text; needs no DALI)
+
+    write_dali_indexes(out_dir, manifest)
     return manifest
 
 

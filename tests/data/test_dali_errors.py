@@ -1,0 +1,29 @@
+"""data.backend switch without DALI installed: a clear message naming the extra; unknown backends; views the DALI
+backend does not make come from the torchvision loader."""
+
+import sys
+
+import pytest
+
+from scale.data.loader import Loader, build_loader
+from scale.errors import UserError
+from tests.data.helpers import good_shards, tiny_cfg
+
+
+def test_missing_dali_names_the_extra(tmp_path, monkeypatch):
+    good_shards(tmp_path, [8])
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # import fails as when the extra is not installed
+    with pytest.raises(UserError, match=r"pip install 'scale\[dali\]'"):
+        build_loader(tiny_cfg(tmp_path, backend="dali"), "train", 4, 0, 1, seed=0)
+
+
+def test_unknown_backend_is_a_user_error(tmp_path):
+    good_shards(tmp_path, [8])
+    with pytest.raises(UserError, match="data.backend must be one of torchvision, dali"):
+        build_loader(tiny_cfg(tmp_path, backend="nvjpeg"), "train", 4, 0, 1, seed=0)
+
+
+def test_views_dali_does_not_make_come_from_the_torchvision_loader(tmp_path):
+    good_shards(tmp_path, [8])
+    cfg = tiny_cfg(tmp_path, backend="dali", **{"views.kind": "eval"})
+    assert type(build_loader(cfg, "val", 4, 0, 1, seed=0)) is Loader
