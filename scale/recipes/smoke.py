@@ -42,7 +42,8 @@ def ensure_smoke_data(root: Path | None = None) -> Path:
 
 def tiny_model_name(name: str) -> str:
     for prefix, tiny in (("vit_bn_", "vit_bn_nano"), ("vit_", "vit_nano"), ("swin_", "swin_nano"),
-                         ("resnet", "resnet_nano")):
+                         ("resnet", "resnet_nano"), ("cvt_tiny", "cvt_nano_w"), ("cvt_", "cvt_nano"),
+                         ("t2t_vit_", "t2t_vit_nano"), ("vil_", "vil_nano"), ("pvt_", "pvt_nano")):
         if name.startswith(prefix):
             return tiny
     raise UserError(f"model.name '{name}': no tiny model of this family for a smoke run")

@@ -46,11 +46,11 @@ def test_wrong_param_count_fails_naming_the_key(tmp_path):
 
 
 def test_missing_backbone_and_missing_note_are_named(tmp_path):
-    path = _recipe(tmp_path, "cvt", "meta: {notes: 'missing: train.init_weights (fine-tune)'}\n"
-                                    "model: {name: cvt_13}\n")
+    path = _recipe(tmp_path, "net", "meta: {notes: 'missing: train.init_weights (fine-tune)'}\n"
+                                    "model: {name: no_such_net}\n")
     result = check_recipe(path)
     assert not result.ok
-    assert "backbone 'cvt_13'" in result.message and "train.init_weights (fine-tune)" in result.message
+    assert "backbone 'no_such_net'" in result.message and "train.init_weights (fine-tune)" in result.message
 
 
 def test_method_options_are_validated_on_the_meta_device(tmp_path):
@@ -62,11 +62,11 @@ def test_method_options_are_validated_on_the_meta_device(tmp_path):
 def test_check_command_exits_1_listing_failures(tmp_path, monkeypatch, capsys):
     (tmp_path / "p" / "t").mkdir(parents=True)
     _recipe(tmp_path / "p" / "t", "good", "meta: {reported: {params_m: 21}}\nmodel: {name: vit_small}\n")
-    _recipe(tmp_path / "p" / "t", "bad", "model: {name: t2t_vit_14}\n")
+    _recipe(tmp_path / "p" / "t", "bad", "model: {name: no_such_net}\n")
     monkeypatch.setenv("SCALE_RECIPES", str(tmp_path))
     assert main(["recipes", "check", "--paper", "p"]) == 1
     out = capsys.readouterr().out
-    assert "1 of 2 recipes pass" in out and "FAIL p/t/bad: needs backbone 't2t_vit_14'" in out
+    assert "1 of 2 recipes pass" in out and "FAIL p/t/bad: needs backbone 'no_such_net'" in out
     assert main(["recipes", "check", "--table", "nothing"]) == 0
 
 
