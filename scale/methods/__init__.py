@@ -1,7 +1,7 @@
 """Methods: DINO, EsViT, MoCo v3 (and SimCLR, BYOL, SwAV for MoCo v3 Table 4), DRLoc, supervised.
 
 `build_method(cfg, steps_per_epoch, total_steps)` selects by `cfg.method.kind`; kind `mocov3` runs the framework
-named by `cfg.method.moco.variant` (mocov3 | simclr | byol | swav), which share the `moco` section's heads.
+named by `cfg.method.moco.variant` (mocov3 | mocov2 | simclr | byol | swav), which share the `moco` section's heads.
 Imports are local so that importing `scale.methods.base` (the contract) stays light.
 """
 
@@ -12,11 +12,11 @@ import torch
 from scale.errors import UserError
 
 KINDS = ("dino", "esvit", "mocov3", "drloc", "supervised")
-MOCO_VARIANTS = ("mocov3", "simclr", "byol", "swav")
+MOCO_VARIANTS = ("mocov3", "mocov2", "simclr", "byol", "swav")
 
 
 def method_class(kind: str, variant: str = "mocov3"):
-    from scale.methods import byol, dino, drloc, esvit, mocov3, simclr, supervised, swav
+    from scale.methods import byol, dino, drloc, esvit, mocov2, mocov3, simclr, supervised, swav
 
     if kind not in KINDS:
         raise UserError(f"method.kind: unknown method '{kind}' (expected one of {', '.join(KINDS)})")
@@ -24,7 +24,7 @@ def method_class(kind: str, variant: str = "mocov3"):
         if variant not in MOCO_VARIANTS:
             raise UserError(f"method.moco.variant: unknown framework '{variant}' "
                             f"(expected one of {', '.join(MOCO_VARIANTS)})")
-        return {"mocov3": mocov3.MocoV3, "simclr": simclr.SimCLR, "byol": byol.BYOL, "swav": swav.SwAV}[variant]
+        return {"mocov3": mocov3.MocoV3, "mocov2": mocov2.MocoV2, "simclr": simclr.SimCLR, "byol": byol.BYOL, "swav": swav.SwAV}[variant]
     return {"dino": dino.Dino, "esvit": esvit.Esvit, "drloc": drloc.Drloc, "supervised": supervised.Supervised}[kind]
 
 

@@ -31,7 +31,7 @@ class DinoConfig:
 
 @dataclass
 class MocoConfig:
-    variant: str = "mocov3"  # mocov3 | simclr | byol | swav
+    variant: str = "mocov3"  # mocov3 | mocov2 | simclr | byol | swav
     dim: int = 256
     mlp_dim: int = 4096
     proj_layers: int = 3
@@ -48,6 +48,8 @@ class MocoConfig:
     swav_temperature: float = 0.1
     swav_freeze_prototypes_steps: int = 313
     sinkhorn_iters: int = 3
+    # MoCo v2 (DINO Table 7 row 8): negatives from a queue of past keys of every rank
+    queue_size: int = 65536
 
 
 @dataclass

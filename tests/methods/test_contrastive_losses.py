@@ -74,3 +74,18 @@ def test_byol_regression_is_two_minus_two_cosine():
     expected = [2 - 2 * cos(a, b) for a, b in zip(p.tolist(), z.tolist())]
     assert torch.allclose(regression(p, z), torch.tensor(expected), atol=1e-6)
     assert torch.allclose(regression(z * 3, z), torch.zeros(5), atol=1e-6)
+
+
+def test_mocov2_queue_loss_matches_the_formula_and_the_queue_rolls():
+    from scale.methods.mocov2 import queue_contrastive
+
+    torch.manual_seed(0)
+    q, k, queue = torch.randn(4, 8), torch.randn(4, 8), torch.nn.functional.normalize(torch.randn(16, 8), dim=1)
+    loss = queue_contrastive(q, k, queue, 0.2)
+    qn, kn = torch.nn.functional.normalize(q, dim=1), torch.nn.functional.normalize(k, dim=1)
+    expected = 0.0
+    for i in range(4):  # -log( e^{q.k+/t} / (e^{q.k+/t} + sum_queue e^{q.n/t}) )
+        pos = torch.exp(qn[i] @ kn[i] / 0.2)
+        neg = torch.exp(queue @ qn[i] / 0.2).sum()
+        expected += -torch.log(pos / (pos + neg)) / 4
+    assert torch.allclose(loss, expected, atol=1e-5)

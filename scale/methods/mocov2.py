@@ -1,0 +1,75 @@
+"""MoCo v2 [Chen et al. 2020], as DINO's Table 7 row 8 compares it: InfoNCE of the query of one view against the
+key of the other (momentum encoder), with negatives from a queue of the keys of past batches of every rank, an MLP
+projector without BN and no predictor; symmetrised over the two views:
+
+    ctr(q, k) = CE([q.k, q.queue^T] / tau, label 0),   loss = ctr(q1, k2) + ctr(q2, k1)
+"""
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scale import schedules
+from scale.data.batch import Batch
+from scale.methods import distributed
+from scale.methods.base import Method, StepContext
+from scale.methods.mocov3 import check_two_views
+from scale.methods.nets import ProjectionNet, init_teacher
+
+
+def projector(in_dim: int, hidden: int, out: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out))
+
+
+def queue_contrastive(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, tau: float) -> torch.Tensor:
+    """InfoNCE with the positive key k (same image) at index 0 and the queue's keys as negatives."""
+    q, k = F.normalize(q.float(), dim=1), F.normalize(k.float(), dim=1)
+    logits = torch.cat([(q * k).sum(1, keepdim=True), q @ queue.t()], dim=1) / tau
+    return F.cross_entropy(logits, torch.zeros(q.shape[0], dtype=torch.long, device=q.device))
+
+
+class MocoV2(Method):
+    def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
+        self.cfg = mc = cfg.method.moco
+        backbone = backbone_fn()
+        self.student = ProjectionNet(backbone, projector(backbone.embed_dim, mc.mlp_dim, mc.dim))
+        target = backbone_fn(drop_path=0.0)
+        self.teacher = init_teacher(ProjectionNet(target, projector(target.embed_dim, mc.mlp_dim, mc.dim)),
+                                    self.student)
+        self.momentum = schedules.cosine(mc.momentum, 1.0, total_steps) if mc.momentum_cosine else None
+        # created with the method so that a checkpoint template has them; random unit keys, as MoCo starts
+        self.queue = F.normalize(torch.randn(mc.queue_size, mc.dim, device="cpu"), dim=1)
+        self.queue_ptr = torch.zeros((), dtype=torch.long, device="cpu")
+
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+        check_two_views(batch, "MoCo v2")
+        crops, views = batch.crops[:1], batch.views_per_group[:1]
+        q1, q2 = self.student(crops, views, False)["z"].chunk(2)
+        with torch.no_grad():
+            keys = self.teacher(crops, views, False)
+        k1, k2 = keys["z"].chunk(2)
+        self.monitor_features = keys["pooled"][:batch.batch_size].detach()
+        self.queue = self.queue.to(q1.device)
+        tau = self.cfg.temperature
+        loss = queue_contrastive(q1, k2, self.queue, tau) + queue_contrastive(q2, k1, self.queue, tau)
+        self._enqueue(torch.cat([k1, k2]).detach())
+        return loss, {"loss": loss.item()}
+
+    def _enqueue(self, keys: torch.Tensor) -> None:
+        """Replace the oldest queue entries with this step's keys of every rank (after they served as positives)."""
+        keys = distributed.all_gather_nograd(F.normalize(keys.float(), dim=1))
+        size, ptr = self.queue.shape[0], int(self.queue_ptr)
+        index = (torch.arange(keys.shape[0], device=keys.device) + ptr) % size
+        self.queue[index] = keys[-size:] if keys.shape[0] > size else keys
+        self.queue_ptr = torch.tensor((ptr + keys.shape[0]) % size)
+
+    def ema_momentum(self, ctx: StepContext) -> float:
+        return self.momentum(ctx.step) if self.momentum is not None else self.cfg.momentum
+
+    def state_dict(self) -> dict:
+        return {"queue": self.queue.cpu(), "queue_ptr": self.queue_ptr.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.queue, self.queue_ptr = state["queue"].clone(), state["queue_ptr"].clone()
