@@ -114,7 +114,7 @@ def _planned_steps(recipe: str, overrides: list[str]) -> int:
 def _summary(before: dict, after: dict, run_dir: Path, seconds: float) -> list[str]:
     metrics = read_metrics(run_dir / "metrics.jsonl")
     speeds = [m["images_per_s"] for m in metrics if "images_per_s" in m]
-    lines = ["## k-NN accuracy (val, top-1 %, k=%d)" % after["k"], "",
+    lines = [f"## k-NN accuracy (val, top-1 %, k={after['k']})", "",
              "| backbone | top-1 | top-5 |", "|---|---|---|",
              f"| random init | {before['top1']:.2f} | {before['top5']:.2f} |",
              f"| trained | {after['top1']:.2f} | {after['top5']:.2f} |", "",

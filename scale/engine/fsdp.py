@@ -7,6 +7,8 @@ Mixed precision: bf16 (or fp16) parameters for compute, fp32 gradient reduction 
 BatchNorm layers are fp32 units of their own.
 """
 
+import warnings
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -18,6 +20,11 @@ from scale.engine.ema import copy_student_to_teacher
 from scale.engine.materialize import materialize
 from scale.engine.torch_engine import TorchEngine
 from scale.methods.base import Method
+
+# Backbones return slices (class token, patch tokens) of their last activation, and FSDP2 warns on every forward
+# that an in-place op on such a view would skip its backward hook. No method modifies backbone outputs in place
+# (they only read them), so the warning says nothing here but floods every rank's log.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 def has_params(module: nn.Module) -> bool:
     return any(True for _ in module.parameters())

@@ -1,0 +1,29 @@
+"""The demo story on a reduced budget: shards, k-NN before, training interrupted once and resumed, k-NN after, a
+report with plots."""
+
+import json
+
+from scale.demo import run_demo
+from scale.rundir import read_metrics
+
+
+def test_demo_story_end_to_end(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    report = run_demo("dino", tmp_path, steps=12, nproc=2)
+    out = capfd.readouterr().out
+    run = tmp_path / "dino"
+    assert report == run / "report" / "report.md" and report.is_file()
+    text = report.read_text()
+    assert "random init" in text and "trained" in text and "| recipe |" in text
+    for png in ("loss.png", "throughput.png"):
+        assert (run / "report" / png).stat().st_size > 1000
+    # interrupted once (preemption signal), resumed, and finished every step exactly once
+    assert "interrupting the run" in out and "resuming from its latest checkpoint" in out
+    steps = [m["step"] for m in read_metrics(run / "metrics.jsonl")]
+    assert max(steps) == 12 and len(set(steps)) == len(steps)
+    assert (run / "checkpoints" / "step_000000012" / "meta.json").is_file()
+    before = json.loads((run / "eval" / "knn_before.json").read_text())
+    after = json.loads((run / "eval" / "knn_after.json").read_text())
+    assert before["random_init"] and not after["random_init"]
+    assert 0 <= before["top1"] <= 100 and 0 <= after["top1"] <= 100
+    assert f"random init {before['top1']:.1f}% -> trained {after['top1']:.1f}%" in out
