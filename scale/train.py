@@ -24,6 +24,7 @@ from scale.faults import maybe_kill
 from scale.launch.local import already_launched, spawn
 from scale.methods import build_method
 from scale.methods.base import StepContext
+from scale.methods.monitors import GradSpikeDetector
 from scale.optim import apply_schedule
 from scale.preemption import Preemption
 from scale.progress import progress_bar
@@ -91,6 +92,7 @@ class Trainer:
         self.metrics = MetricsWriter(run, info.is_main)
         self.preemption = Preemption(list(cfg.train.preempt_signals))
         self.knn_monitor = None  # built at the first step that has features (their width is known then)
+        self.grad_monitor = GradSpikeDetector()
 
     def _modules(self) -> list:
         return [m for m in (self.method.student, self.method.teacher) if m is not None]
@@ -161,6 +163,9 @@ class Trainer:
                 self.engine.backward(loss)
             for key, value in {"loss": loss.item(), **metrics}.items():
                 totals[key] = totals.get(key, 0.0) + float(value) / len(micro_batches)
+        every = self.cfg.train.grad_monitor_every
+        if every and (step + 1) % every == 0:  # before the step: gradients are zeroed after it
+            totals.update(self.grad_monitor(self.method.student))
         with self.phase("optimizer"):
             totals.update(self.engine.step(self.method.frozen_params(ctx)))
             momentum = self.method.ema_momentum(ctx)

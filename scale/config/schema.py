@@ -34,6 +34,7 @@ class TrainConfig:
     async_save: bool = False
     preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     knn_monitor_every: int = 0  # steps; 0 disables the k-NN monitor
+    grad_monitor_every: int = 0  # steps; per-layer gradient norms and spikes (MoCo v3 Fig. 4); 0 disables
     # an exported backbone (`scale ckpt export`, .safetensors or torch) that initialises the student's (and the
     # teacher's) backbone of a fresh run: fine-tuning and transfer rows; ignored when the run resumes
     init_weights: str = ""

@@ -39,13 +39,13 @@ def reference(embedded_data, tmp_path_factory):  # noqa: F811
     return run_dir
 
 
-@pytest.mark.parametrize("fault", ["step@3", "save@4"])
-def test_killed_run_resumes_bit_identical(embedded_data, reference, tmp_path, fault):  # noqa: F811
-    killed = run_train(embedded_data, tmp_path, OVERRIDES, fault=fault)
+@pytest.mark.parametrize("fault,extra", [("step@3", []), ("save@4", []), ("step@5", ["train.async_save=true"])])
+def test_killed_run_resumes_bit_identical(embedded_data, reference, tmp_path, fault, extra):  # noqa: F811
+    killed = run_train(embedded_data, tmp_path, OVERRIDES + extra, fault=fault)
     assert killed.returncode != 0
     if fault.startswith("save"):  # the interrupted write left no sealed step_4, and step_2 is still the newest
         assert not (tmp_path / "checkpoints" / "step_000000004").exists()
-    resumed = run_train(embedded_data, tmp_path, OVERRIDES)
+    resumed = run_train(embedded_data, tmp_path, OVERRIDES + extra)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
     assert_same_state(final_state(reference), final_state(tmp_path))
@@ -95,3 +95,20 @@ def test_fsdp2_checkpoint_resumes_on_another_world_size(embedded_data, reference
                                                       "train.ckpt_every_steps=2", "train.keep_last=10"], nproc=world)
     assert more.returncode == 0, more.stderr[-3000:]
     assert max(losses(tmp_path)) == STEPS + 2
+
+
+def test_exported_teacher_backbone_loads_into_timm_strictly(reference, tmp_path):
+    import timm
+    from safetensors.torch import load_file
+
+    from scale.checkpoint.export import export, info
+
+    out = export(reference, "teacher-backbone", "safetensors", tmp_path / "teacher.safetensors")
+    # the demo's vit_nano/4 with average pooling, as timm builds it
+    model = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=4, embed_dim=64, depth=3, num_heads=4, num_classes=0, class_token=False,
+        global_pool="avg", fc_norm=False)
+    model.load_state_dict(load_file(str(out)), strict=True)
+    summary = info(reference)
+    assert summary["step"] == STEPS and summary["world_size"] == 2 and summary["engine"] == "fsdp2"
+    assert summary["teacher_tensors"] > 0 and len(summary["model_checksum"]) == 16

@@ -1,0 +1,70 @@
+"""Checkpoint directories: partial and damaged ones are skipped with a warning naming them, retention keeps the
+last K and every M-th, a resumed run refuses a recipe whose shapes changed."""
+
+import logging
+
+import pytest
+from omegaconf import OmegaConf
+
+from scale.checkpoint.store import CheckpointStore, resolve, step_name
+from scale.config import load_recipe
+from scale.errors import UserError
+from scale.resume import check_compatible
+
+
+def _save(store: CheckpointStore, step: int, payload: bytes = b"x" * 100) -> None:
+    staging = store.prepare(step)
+    (staging / "weights.bin").write_bytes(payload)
+    store.commit(step, {"engine": "fsdp2", "world_size": 2})
+
+
+def test_commit_moves_latest_last_and_newest_complete_wins(tmp_path):
+    store = CheckpointStore(tmp_path)
+    _save(store, 10)
+    _save(store, 20)
+    assert (tmp_path / "latest").read_text().strip() == step_name(20)
+    assert [p.name for p in store.candidates()] == [step_name(20), step_name(10)]
+    assert resolve(tmp_path) == tmp_path / step_name(20)
+
+
+def test_partial_write_is_ignored_and_cleaned(tmp_path):
+    store = CheckpointStore(tmp_path)
+    _save(store, 10)
+    staging = store.prepare(20)  # killed before commit: no rename, no meta.json
+    (staging / "weights.bin").write_bytes(b"half")
+    assert [p.name for p in store.candidates()] == [step_name(10)]
+    store.prepare(30)
+    assert not staging.exists()
+
+
+def test_damaged_checkpoint_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
+    store = CheckpointStore(tmp_path)
+    _save(store, 10)
+    _save(store, 20)
+    (tmp_path / step_name(20) / "weights.bin").write_bytes(b"x" * 10)  # truncated after it was sealed
+    with caplog.at_level(logging.WARNING):
+        assert [p.name for p in store.candidates()] == [step_name(10)]
+    assert step_name(20) in caplog.text and "weights.bin" in caplog.text
+    (tmp_path / step_name(10) / "meta.json").unlink()
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        resolve(tmp_path)
+
+
+def test_retention_keeps_last_k_and_every_m(tmp_path):
+    store = CheckpointStore(tmp_path)
+    for step in range(10, 80, 10):
+        _save(store, step)
+    store.retain(keep_last=2, keep_every=30)
+    assert sorted(p.name for p in store.step_dirs()) == [step_name(s) for s in (30, 60, 70)]
+
+
+def test_resume_refuses_changed_shapes_naming_them():
+    saved = load_recipe("demo/dino_tiny")
+    same_shapes = load_recipe("demo/dino_tiny", ["train.epochs=20", "optim.lr=0.001", "data.workers=2"])
+    check_compatible(saved, same_shapes, "runs/x")
+    changed = load_recipe("demo/dino_tiny", ["model.name=vit_tiny", "method.dino.out_dim=512"])
+    with pytest.raises(UserError) as err:
+        check_compatible(saved, changed, "runs/x")
+    assert "model.name: 'vit_nano' -> 'vit_tiny'" in str(err.value)
+    assert "method.dino.out_dim: 256 -> 512" in str(err.value)
+    assert OmegaConf.select(changed, "model.name") == "vit_tiny"
