@@ -10,8 +10,6 @@ The first word selects a benchmark from `BENCHES`; any other first word is a rec
 import argparse
 import json
 
-from scale.errors import UserError
-
 
 def _data_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scale bench data",
@@ -125,6 +123,4 @@ def register(sub) -> None:
 def cmd_bench(args) -> int:
     if args.target in BENCHES:
         return BENCHES[args.target](args.args)
-    if args.target.startswith("-"):
-        raise UserError(f"scale bench: expected a recipe or one of {', '.join(BENCHES)} first, got '{args.target}'")
     return bench_train([args.target, *args.args])

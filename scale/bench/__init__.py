@@ -1,0 +1,9 @@
+"""Throughput benchmarks and the capacity planner.
+
+- `run`: real training steps of a recipe (the training loop's `train_step`), timed by phase, with peak memory
+  (`memory`), per-rank state bytes and MFU, on shards or `synthetic` batches; `matrix`: several settings in one run,
+  one table;
+- `tables`: DINO Table 8, EsViT Table 9 and MoCo v3 Table 3 on the machine at hand;
+- `trace`: what one step of a recipe computes and keeps, counted on fake tensors (no memory, no compute);
+- `flops`: FLOPs per step and the device's peak FLOP/s (MFU); `plan`: per-GPU memory and step time of each engine.
+"""

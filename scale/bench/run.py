@@ -1,0 +1,173 @@
+"""Benchmark real training steps of a recipe: the training loop's own `train_step` over pieces built as the
+Trainer builds them (method, engine, schedules), on the recipe's shards or on synthetic batches.
+
+Measured, per rank, then combined over ranks (the slowest rank's time, the largest memory):
+- step time: wall clock of `steps` steps after `warmup` steps and one profiled step, each started after a barrier;
+  images/s and crops/s per device and global;
+- phases: data wait (next batch + copy to the device), forward (the method's loss: student and teacher forwards
+  and the loss), backward (including the gradient all-reduce / reduce-scatter the engine overlaps with it),
+  optimizer (clipping, step, EMA of the teacher), other (loss checks, metrics); on GPU each phase ends with a
+  device synchronisation;
+- communication: time inside collectives during the profiled step (scale.bench.memory), which overlaps phases;
+- peak memory: see scale.bench.memory (CUDA max allocated; CPU tracked tensor bytes and peak RSS);
+- per-rank bytes of parameters, gradients, optimizer state and teacher (`Engine.memory()`);
+- MFU: model FLOPs of the step (scale.bench.flops) / step time / peak FLOP/s of the devices.
+"""
+
+import contextlib
+import gc
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from scale.bench.flops import device_peak, step_flops
+from scale.bench.memory import MemoryTrace
+from scale.bench.synthetic import SyntheticLoader, crop_layout
+from scale.bench.trace import trace_step
+from scale.data.loader import build_loader
+from scale.engine import build_engine
+from scale.engine.dist import DistInfo, seed_everything
+from scale.methods import build_method
+from scale.rundir import RunDir
+from scale.schedules import lr_schedule, wd_schedule
+from scale.train import Trainer
+
+# schedules (lr, weight decay, teacher momentum) are arrays over every step of the run: with a benchmark's small
+# batches an ImageNet run has 10^8 steps and its arrays would take gigabytes. Their values do not change what a
+# step costs, so a benchmark builds them for a run of at most this many steps per epoch.
+SCHEDULE_STEPS_PER_EPOCH = 1000
+
+
+class PhaseTimer:
+    """Wall-clock seconds per phase name, summed over steps (the Trainer's `phase` hook)."""
+
+    def __init__(self, device: torch.device):
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        self.sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.totals[name] += time.perf_counter() - start
+
+
+class BenchTrainer(Trainer):
+    """The Trainer's step over its data, method, engine and schedules, without run directory or checkpoints."""
+
+    def __init__(self, cfg, info: DistInfo, device: torch.device, loader, phase):
+        self.cfg, self.info, self.device = cfg, info, device
+        self.run = RunDir(Path(tempfile.gettempdir()) / "scale-bench")  # only named in error messages
+        self.phase, self.knn_monitor = phase, None
+        seed_everything(cfg.train.seed, info.rank)
+        self.loader = loader
+        self.steps_per_epoch = min(loader.steps_per_epoch, SCHEDULE_STEPS_PER_EPOCH)
+        self.total_steps = cfg.train.epochs * self.steps_per_epoch
+        self.method = build_method(cfg, self.steps_per_epoch, self.total_steps,
+                                   device="meta" if cfg.engine.get("meta_init", False) else None)
+        self.engine = build_engine(cfg.engine, cfg.optim, info, device)
+        self.engine.setup(self.method)
+        self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
+        self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
+
+
+def make_loader(cfg, info: DistInfo, synthetic: bool):
+    if synthetic:
+        return SyntheticLoader(cfg, info.rank, info.world_size)
+    return build_loader(cfg.data, "train", cfg.train.global_batch, info.rank, info.world_size,
+                        seed=cfg.train.seed, samples_per_epoch=cfg.train.samples_per_epoch)
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: int, synthetic: bool) -> dict:
+    """This rank's numbers for one setting."""
+    timer = PhaseTimer(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    with MemoryTrace(device) as memory:
+        trainer = BenchTrainer(cfg, info, device, make_loader(cfg, info, synthetic), timer)
+        batches = trainer._batches()
+        for step in range(warmup):
+            trainer.train_step(step, trainer._next_batch(batches)[0])
+        barrier()
+        with memory.window():
+            record = trainer.train_step(warmup, trainer._next_batch(batches)[0])
+    timer.totals.clear()
+    times, waits = [], []
+    for step in range(warmup + 1, warmup + 1 + steps):
+        barrier()
+        start = time.perf_counter()
+        batch, wait = trainer._next_batch(batches)
+        record = trainer.train_step(step, batch)
+        sync()
+        times.append(time.perf_counter() - start)
+        waits.append(wait)
+    phases = {name: timer.totals[name] / steps for name in ("forward", "backward", "optimizer")}
+    phases["data"] = sum(waits) / steps
+    phases["other"] = max(0.0, statistics.mean(times) - sum(phases.values()))
+    result = {"step_s": statistics.mean(times), "step_s_min": min(times), "phases": phases,
+              "state": trainer.engine.memory(), "loss": record["loss"], **memory.result()}
+    del trainer, batches
+    gc.collect()
+    return result
+
+
+def combine(ranks: list[dict]) -> dict:
+    """The slowest rank's time and phases, the largest memory of any rank."""
+    slowest = max(ranks, key=lambda r: r["step_s"])
+    out = dict(slowest)
+    for key in ("peak_bytes", "start_bytes", "rss_peak_bytes", "comm_s"):
+        values = [r[key] for r in ranks if r.get(key) is not None]
+        out[key] = max(values) if values else None
+    out["state"] = {k: max(r["state"][k] for r in ranks) for k in slowest["state"]}
+    return out
+
+
+_PEAKS: dict[tuple, tuple[float, str]] = {}
+
+
+def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
+    """Measured once per process and precision (rank 0's value is used)."""
+    key = (device.type, precision)
+    if key not in _PEAKS:
+        _PEAKS[key] = device_peak(device, precision)
+    return _PEAKS[key]
+
+
+def bench_config(cfg, info: DistInfo, device: torch.device, steps: int = 5, warmup: int = 1,
+                 synthetic: bool = False, count_flops: bool = True) -> dict:
+    """Collective: one setting's numbers (meaningful on rank 0)."""
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
+    mine = measure_rank(cfg, info, device, steps, warmup, synthetic)
+    ranks = [None] * info.world_size
+    if dist.is_initialized():
+        dist.all_gather_object(ranks, mine)
+    else:
+        ranks = [mine]
+    result = combine(ranks)
+    world, batch = info.world_size, cfg.train.global_batch
+    crops = sum(n for n, _ in crop_layout(cfg.data.views))
+    result.update(world=world, global_batch=batch, per_rank_batch=batch // world, crops_per_image=crops,
+                  images_per_s=batch / result["step_s"], crops_per_s=batch * crops / result["step_s"])
+    result["images_per_s_per_device"] = result["images_per_s"] / world
+    result["crops_per_s_per_device"] = result["crops_per_s"] / world
+    if count_flops:
+        trace = trace_step(cfg)  # on every rank: the loss it runs may call collectives (DINO's center)
+        peak, source = peak_flops(device, cfg.engine.precision)
+        flops = step_flops(trace, batch)
+        result.update(flops_per_step=flops, peak_flops_per_device=peak, peak_source=source,
+                      mfu=flops / result["step_s"] / (peak * world))
+    return result

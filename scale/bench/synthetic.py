@@ -1,0 +1,48 @@
+"""Random batches in a recipe's batch layout, for benchmarking without shards (`--synthetic-data`)."""
+
+import torch
+
+from scale.data.batch import Batch
+from scale.data.views import CropViews
+from scale.errors import UserError
+
+IMAGENET_TRAIN = 1281167  # samples per epoch when the recipe does not say (schedules, time per epoch)
+
+
+def crop_layout(views) -> list[tuple[int, int]]:
+    """(views, px) per resolution group, as the recipe's view maker produces them."""
+    if views.kind in ("multicrop", "two_view"):
+        return [(len(group), group[0].size) for group in CropViews(views).groups]
+    if views.kind == "supervised":
+        return [(1, views.global_size)]
+    if views.kind == "eval":
+        return [(1, views.eval_crop)]
+    raise UserError(f"data.views.kind '{views.kind}' has no batch layout")
+
+
+def random_batch(cfg, images: int, generator: torch.Generator | None = None) -> Batch:
+    """`images` images of the recipe's layout: normalised-like crops N(0, 1) and labels of its classes."""
+    layout = crop_layout(cfg.data.views)
+    crops = [torch.randn(n * images, 3, px, px, generator=generator) for n, px in layout]
+    labels = torch.randint(0, cfg.data.num_classes, (images,), generator=generator)
+    return Batch(crops, [n for n, _ in layout], labels, [f"synthetic-{i}" for i in range(images)])
+
+
+class SyntheticLoader:
+    """The Loader interface the training loop uses, yielding one fixed random batch per step: data wait is then
+    only the copy to the device."""
+
+    def __init__(self, cfg, rank: int, world_size: int):
+        if cfg.train.global_batch % world_size:
+            raise UserError(f"train.global_batch {cfg.train.global_batch} is not divisible by {world_size} ranks")
+        generator = torch.Generator().manual_seed(cfg.train.seed + rank)
+        self.batch = random_batch(cfg, cfg.train.global_batch // world_size, generator)
+        samples = cfg.train.samples_per_epoch or IMAGENET_TRAIN
+        self.steps_per_epoch = max(1, samples // cfg.train.global_batch)
+
+    def __iter__(self):
+        for _ in range(self.steps_per_epoch):
+            yield self.batch
+
+    def metrics(self) -> dict:
+        return {}
