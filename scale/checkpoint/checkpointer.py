@@ -41,6 +41,9 @@ class Checkpointer:
         self.store = CheckpointStore(root)
         self.cfg, self.info, self.engine, self.method, self.loader = cfg, info, engine, method, loader
         self._pending = None  # (step, future, meta) of an async save not yet sealed
+        # async saves run collectives from a background thread: they get a process group of their own, so they
+        # never interleave with the training step's collectives on the main group (which hangs gloo)
+        self._async_group = dist.new_group(backend="gloo") if cfg.train.async_save and dist.is_initialized() else None
         self.last_save_stall_s = 0.0
 
     def has(self, step: int) -> bool:
@@ -71,7 +74,7 @@ class Checkpointer:
             self._seal(step, meta)
         elif self.cfg.train.async_save:
             future = dcp.async_save({"engine": self.engine.state_dict(), "run": self._run_state(step)},
-                                    checkpoint_id=str(staging / "dcp"))
+                                    checkpoint_id=str(staging / "dcp"), process_group=self._async_group)
             self._pending = (step, future, meta)
         else:
             dcp.save({"engine": self.engine.state_dict(), "run": self._run_state(step)},
