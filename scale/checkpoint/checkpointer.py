@@ -5,6 +5,7 @@ DDP and FSDP2 go through torch.distributed.checkpoint (sharded files, loadable o
 writes its own files. Either way the step directory is sealed by CheckpointStore, so a kill mid-write is harmless.
 """
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -71,34 +72,44 @@ class Checkpointer:
             self.engine.save_native(staging / "engine")
             if self.info.is_main:
                 torch.save(self._run_state(step), staging / "run_state.pt")
-            self._seal(step, meta)
+            self._seal(step, meta, started)
         elif self.cfg.train.async_save:
             future = dcp.async_save({"engine": self.engine.state_dict(), "run": self._run_state(step)},
                                     checkpoint_id=str(staging / "dcp"), process_group=self._async_group)
-            self._pending = (step, future, meta)
+            self._pending = (step, future, meta, started)
         else:
             dcp.save({"engine": self.engine.state_dict(), "run": self._run_state(step)},
                      checkpoint_id=str(staging / "dcp"))
-            self._seal(step, meta)
+            self._seal(step, meta, started)
         self.last_save_stall_s = time.perf_counter() - started
 
     def wait(self) -> None:
         """Finish and seal an async save still in flight."""
         if self._pending is None:
             return
-        step, future, meta = self._pending
+        step, future, meta, started = self._pending
         self._pending = None
         future.result()
-        self._seal(step, meta)
+        self._seal(step, meta, started)
 
-    def _seal(self, step: int, meta: dict) -> None:
+    def _seal(self, step: int, meta: dict, started: float) -> None:
         _barrier()  # every rank's files are on disk
         maybe_kill("save", step)
         if self.info.is_main:
             final = self.store.commit(step, meta)
+            self._record(step, final, time.perf_counter() - started)
             removed = self.store.retain(self.cfg.train.keep_last, self.cfg.train.keep_every)
             log.info("checkpoint %s%s", final, f" (removed {len(removed)} old)" if removed else "")
         _barrier()
+
+    def _record(self, step: int, folder: Path, total_s: float) -> None:
+        """One line per sealed checkpoint in checkpoints/saves.jsonl: size, time to disk, and how long training
+        waited for it (the whole save when synchronous; the staging copy when asynchronous)."""
+        record = {"step": step, "bytes": sum(self.store.read_meta(folder)["files"].values()),
+                  "save_s": total_s, "stall_s": self.last_save_stall_s if self.cfg.train.async_save else total_s,
+                  "async": bool(self.cfg.train.async_save)}
+        with open(self.store.root / "saves.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
         self.wait()

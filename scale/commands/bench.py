@@ -109,7 +109,22 @@ def bench_table(argv: list[str]) -> int:
     return main(argv)
 
 
-BENCHES = {"data": bench_data, "table": bench_table}
+def bench_ckpt(argv: list[str]) -> int:
+    from scale.bench.checkpoint import measure, table
+
+    parser = argparse.ArgumentParser(prog="scale bench ckpt",
+                                     description="checkpoint size, save time and training stall: sync vs async")
+    parser.add_argument("recipe")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    parser.add_argument("--steps", type=int, default=12, help="training steps per run")
+    parser.add_argument("--every", type=int, default=3, help="checkpoint every this many steps")
+    parser.add_argument("--nproc", type=int, default=2, help="local processes (CPU: gloo)")
+    args = parser.parse_args(argv)
+    print(table(measure(args.recipe, args.overrides, args.steps, args.every, args.nproc)))
+    return 0
+
+
+BENCHES = {"data": bench_data, "table": bench_table, "ckpt": bench_ckpt}
 
 
 def register(sub) -> None:

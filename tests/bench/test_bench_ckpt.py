@@ -1,0 +1,17 @@
+"""`scale bench ckpt` reports what the runs' checkpoints really were: count, size, save time and stall."""
+
+from scale.bench.checkpoint import measure, table
+from tests.helpers_run import TINY, embedded_data  # noqa: F401
+
+
+def test_checkpoint_benchmark_sync_vs_async(embedded_data, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("SCALE_DATA", str(embedded_data))
+    rows = measure("demo/dino_tiny", TINY, steps=4, every=2, nproc=1)
+    assert [r["mode"] for r in rows] == ["sync", "async"]
+    for row in rows:
+        assert row["checkpoints"] == 2 and row["mib"] > 0 and row["step_s"] > 0
+    sync, asynchronous = rows
+    assert sync["stall_s"] == sync["save_s"]  # a synchronous save stalls training for all of it
+    assert asynchronous["stall_s"] <= asynchronous["save_s"]
+    assert abs(sync["mib"] - asynchronous["mib"]) / sync["mib"] < 0.05  # the same state either way
+    assert "async" in table(rows)
