@@ -23,6 +23,8 @@ from scale.rundir import read_metrics
 
 log = logging.getLogger(__name__)
 
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SCALE_LOCAL_LAUNCH")
+
 STORIES = {  # method -> (recipe, embedded data set, which backbone is evaluated)
     "dino": ("demo/dino_tiny", "digits", "teacher-backbone"),
     "esvit": ("demo/esvit_tiny", "digits", "teacher-backbone"),
@@ -75,7 +77,8 @@ def run_demo(method: str = "dino", run_dir: str | Path = "runs/demo", steps: int
     run_dir = Path(run_dir).resolve() / method
     data_root = run_dir.parent / "data"
     os.environ["SCALE_DATA"] = str(data_root)  # the demo recipes read their shards from ${SCALE_DATA}
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}  # the demo launches its own ranks
+    env["OMP_NUM_THREADS"] = "1"
     overrides = [f"train.max_steps={steps}"] if steps else []
     started = time.time()
 

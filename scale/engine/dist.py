@@ -91,9 +91,12 @@ def init_distributed(timeout_minutes: int = 30) -> tuple[DistInfo, torch.device]
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        # exported so that libraries that read the environment (DeepSpeed, DCP) agree with us
-        os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank),
-                          MASTER_ADDR=info.master_addr, MASTER_PORT=str(info.master_port))
+        # exported so that libraries that read the environment (DeepSpeed, DCP) agree with us; shutdown() takes
+        # back what we added, so that a later launch from this process does not think it is already launched
+        exported = dict(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank),
+                        MASTER_ADDR=info.master_addr, MASTER_PORT=str(info.master_port))
+        _EXPORTED.update({k: os.environ.get(k) for k in exported})
+        os.environ.update(exported)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{info.master_addr}:{info.master_port}",
                                 rank=info.rank, world_size=info.world_size,
@@ -109,6 +112,15 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(s)
 
 
+_EXPORTED: dict[str, str | None] = {}  # variable -> its value before init_distributed set it
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+    for key, before in _EXPORTED.items():
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+    _EXPORTED.clear()
