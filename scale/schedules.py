@@ -5,6 +5,7 @@ loop that evaluates one step past the end) never indexes out of range.
 """
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -60,6 +61,16 @@ def teacher_temperature(warmup_temp: float, temp: float, warmup_epochs: int, epo
 def moco_momentum(base: float, epoch_float: float, epochs: int) -> float:
     """MoCo v3's per-iteration momentum: m = 1 - (1 + cos(pi * epoch / epochs)) / 2 * (1 - m0)."""
     return 1.0 - 0.5 * (1.0 + math.cos(math.pi * epoch_float / epochs)) * (1.0 - base)
+
+
+def encoder_momentum(base: float, cosine: bool, steps_per_epoch: int, total_steps: int) -> Callable[[int], float]:
+    """The momentum encoder's coefficient (MoCo v2/v3, BYOL) for the EMA update after optimizer step t: `base`, or
+    with `cosine` MoCo v3's per-iteration cosine to 1 (`moco_momentum`) at iteration t + 1, as the official code
+    updates the momentum encoder at the start of the next iteration, with that iteration's fractional epoch."""
+    if not cosine:
+        return lambda step: base
+    epochs = math.ceil(total_steps / steps_per_epoch)
+    return lambda step: moco_momentum(base, (step + 1) / steps_per_epoch, epochs)
 
 
 def lr_schedule(optim, global_batch: int, steps_per_epoch: int, total_steps: int) -> Schedule:

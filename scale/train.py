@@ -5,6 +5,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -58,6 +59,12 @@ def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> None:
         dist.barrier()
 
 
+def train_loader(cfg: DictConfig, info: DistInfo):
+    """This rank's loader over the recipe's training shards."""
+    return build_loader(cfg.data, "train", cfg.train.global_batch, info.rank, info.world_size, seed=cfg.train.seed,
+                        samples_per_epoch=cfg.train.samples_per_epoch)
+
+
 def no_phase(name: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
@@ -70,27 +77,37 @@ class Trainer:
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
-        seed_everything(cfg.train.seed, info.rank)
-        self.loader = build_loader(cfg.data, "train", cfg.train.global_batch, info.rank, info.world_size,
-                                   seed=cfg.train.seed, samples_per_epoch=cfg.train.samples_per_epoch)
-        self.steps_per_epoch = self.loader.steps_per_epoch
-        self.total_steps = cfg.train.epochs * self.steps_per_epoch
-        self.method = build_method(cfg, self.steps_per_epoch, self.total_steps,
-                                   device="meta" if cfg.engine.meta_init else None)
-        self.engine = build_engine(cfg.engine, cfg.optim, info, device)
         fresh = not CheckpointStore(run.checkpoints).candidates()
-        if cfg.train.init_weights and fresh and not cfg.engine.meta_init:
-            load_backbone_weights(self._modules(), cfg.train.init_weights, sharded=False)
-        self.engine.setup(self.method)
-        if cfg.train.init_weights and fresh and cfg.engine.meta_init:
-            if cfg.engine.kind != "fsdp2":
-                raise UserError("train.init_weights with engine.meta_init needs engine.kind=fsdp2")
-            load_backbone_weights(self._modules(), cfg.train.init_weights, sharded=True)
-        self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
-        self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
+        self.build_step(lambda: train_loader(cfg, info), init_weights=cfg.train.init_weights if fresh else "")
         self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, self.method, self.loader)
         self.metrics = MetricsWriter(run, info.is_main)
         self.preemption = Preemption(list(cfg.train.preempt_signals))
+
+    def build_step(self, make_loader: Callable[[], object], init_weights: str = "",
+                   max_schedule_steps_per_epoch: int | None = None) -> None:
+        """Everything `train_step` uses, in this order: seeded RNGs, the loader, the method, the engine with the
+        method's modules set up (`init_weights` loaded into them when given), the schedules and the monitors.
+        scale.bench builds its trainer through here too, so that it measures the step as training sets it up; it
+        caps the steps per epoch the schedules cover with `max_schedule_steps_per_epoch`."""
+        cfg, info = self.cfg, self.info
+        seed_everything(cfg.train.seed, info.rank)
+        self.loader = make_loader()
+        self.steps_per_epoch = self.loader.steps_per_epoch
+        if max_schedule_steps_per_epoch is not None:
+            self.steps_per_epoch = min(self.steps_per_epoch, max_schedule_steps_per_epoch)
+        self.total_steps = cfg.train.epochs * self.steps_per_epoch
+        self.method = build_method(cfg, self.steps_per_epoch, self.total_steps,
+                                   device="meta" if cfg.engine.meta_init else None)
+        self.engine = build_engine(cfg.engine, cfg.optim, info, self.device)
+        if init_weights and not cfg.engine.meta_init:
+            load_backbone_weights(self._modules(), init_weights, sharded=False)
+        self.engine.setup(self.method)
+        if init_weights and cfg.engine.meta_init:
+            if cfg.engine.kind != "fsdp2":
+                raise UserError("train.init_weights with engine.meta_init needs engine.kind=fsdp2")
+            load_backbone_weights(self._modules(), init_weights, sharded=True)
+        self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
+        self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
         self.knn_monitor = None  # built at the first step that has features (their width is known then)
         self.grad_monitor = GradSpikeDetector()
 

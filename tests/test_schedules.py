@@ -45,6 +45,18 @@ def test_moco_momentum_formula():
     assert schedules.moco_momentum(0.99, 300, 300) == pytest.approx(1.0)
 
 
+def test_encoder_momentum_after_step_t_is_moco_v3s_at_iteration_t_plus_1():
+    """MoCo v3: m = 1 - (1 - m0) (cos(pi k / K) + 1) / 2, k the iteration (fractional epoch) that starts with the
+    update; the update after the last of K steps uses m = 1."""
+    cosine = schedules.encoder_momentum(0.99, True, steps_per_epoch=10, total_steps=30)
+    for step in (0, 7, 14, 29):
+        k = step + 1
+        assert cosine(step) == pytest.approx(1 - 0.01 * (math.cos(math.pi * k / 30) + 1) / 2, abs=1e-15)
+    assert cosine(29) == 1.0
+    constant = schedules.encoder_momentum(0.999, False, steps_per_epoch=10, total_steps=30)
+    assert constant(0) == constant(29) == 0.999
+
+
 def test_lr_schedule_scales_with_batch():
     optim = OmegaConf.structured(OptimConfig(lr=5e-4, warmup_epochs=2, min_lr=1e-6))
     lr = schedules.lr_schedule(optim, global_batch=1024, steps_per_epoch=10, total_steps=100)

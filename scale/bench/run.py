@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -29,13 +30,9 @@ from scale.bench.flops import device_peak, step_flops
 from scale.bench.memory import MemoryTrace
 from scale.bench.synthetic import SyntheticLoader, crop_layout
 from scale.bench.trace import trace_step
-from scale.data.loader import build_loader
-from scale.engine import build_engine
-from scale.engine.dist import DistInfo, seed_everything
-from scale.methods import build_method
+from scale.engine.dist import DistInfo
 from scale.rundir import RunDir
-from scale.schedules import lr_schedule, wd_schedule
-from scale.train import Trainer
+from scale.train import Trainer, train_loader
 
 # schedules (lr, weight decay, teacher momentum) are arrays over every step of the run: with a benchmark's small
 # batches an ImageNet run has 10^8 steps and its arrays would take gigabytes. Their values do not change what a
@@ -62,29 +59,20 @@ class PhaseTimer:
 
 
 class BenchTrainer(Trainer):
-    """The Trainer's step over its data, method, engine and schedules, without run directory or checkpoints."""
+    """The Trainer's step over its data, method, engine and schedules (built by `Trainer.build_step`), without run
+    directory, checkpoints or initial weights."""
 
-    def __init__(self, cfg, info: DistInfo, device: torch.device, loader, phase):
+    def __init__(self, cfg, info: DistInfo, device: torch.device, make_loader: Callable[[], object], phase):
         self.cfg, self.info, self.device = cfg, info, device
         self.run = RunDir(Path(tempfile.gettempdir()) / "scale-bench")  # only named in error messages
-        self.phase, self.knn_monitor = phase, None
-        seed_everything(cfg.train.seed, info.rank)
-        self.loader = loader
-        self.steps_per_epoch = min(loader.steps_per_epoch, SCHEDULE_STEPS_PER_EPOCH)
-        self.total_steps = cfg.train.epochs * self.steps_per_epoch
-        self.method = build_method(cfg, self.steps_per_epoch, self.total_steps,
-                                   device="meta" if cfg.engine.get("meta_init", False) else None)
-        self.engine = build_engine(cfg.engine, cfg.optim, info, device)
-        self.engine.setup(self.method)
-        self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
-        self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
+        self.phase = phase
+        self.build_step(make_loader, max_schedule_steps_per_epoch=SCHEDULE_STEPS_PER_EPOCH)
 
 
 def make_loader(cfg, info: DistInfo, synthetic: bool):
     if synthetic:
         return SyntheticLoader(cfg, info.rank, info.world_size)
-    return build_loader(cfg.data, "train", cfg.train.global_batch, info.rank, info.world_size,
-                        seed=cfg.train.seed, samples_per_epoch=cfg.train.samples_per_epoch)
+    return train_loader(cfg, info)
 
 
 def barrier() -> None:
@@ -97,7 +85,7 @@ def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: 
     timer = PhaseTimer(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with MemoryTrace(device) as memory:
-        trainer = BenchTrainer(cfg, info, device, make_loader(cfg, info, synthetic), timer)
+        trainer = BenchTrainer(cfg, info, device, lambda: make_loader(cfg, info, synthetic), timer)
         batches = trainer._batches()
         for step in range(warmup):
             trainer.train_step(step, trainer._next_batch(batches)[0])
@@ -117,8 +105,8 @@ def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: 
     phases = {name: timer.totals[name] / steps for name in ("forward", "backward", "optimizer")}
     phases["data"] = sum(waits) / steps
     phases["other"] = max(0.0, statistics.mean(times) - sum(phases.values()))
-    result = {"step_s": statistics.mean(times), "step_s_min": min(times), "phases": phases,
-              "state": trainer.engine.memory(), "loss": record["loss"], **memory.result()}
+    result = {"step_s": statistics.mean(times), "step_s_median": statistics.median(times), "step_s_min": min(times),
+              "phases": phases, "state": trainer.engine.memory(), "loss": record["loss"], **memory.result()}
     del trainer, batches
     gc.collect()
     return result

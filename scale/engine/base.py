@@ -25,6 +25,25 @@ class Engine(abc.ABC):
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of one micro-batch's loss (scaled for fp16 and gradient accumulation)."""
 
+    # --- gradient accumulation, shared by the engines (they set self.cfg to the recipe's engine section)
+    micro_step: int = 0  # backward calls since the last step()
+
+    @contextlib.contextmanager
+    def micro_batch(self):
+        """Around one micro-batch's backward: refuses more than engine.grad_accum of them before step(), and counts
+        it once its backward has returned."""
+        if self.micro_step >= self.cfg.grad_accum:
+            raise RuntimeError(f"backward called {self.micro_step + 1} times before step() with "
+                               f"engine.grad_accum={self.cfg.grad_accum}")
+        yield
+        self.micro_step += 1
+
+    def check_accumulated(self) -> None:
+        """step() must follow exactly engine.grad_accum backward calls."""
+        if self.micro_step != self.cfg.grad_accum:
+            raise RuntimeError(f"step() after {self.micro_step} backward calls; engine.grad_accum="
+                               f"{self.cfg.grad_accum}")
+
     @abc.abstractmethod
     def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:
         """Clip, step the optimizer and zero the gradients; parameters for which `frozen(name)` is true get no

@@ -146,18 +146,13 @@ class DeepSpeedEngine(Engine):
 
     # --- backward and step
     def backward(self, loss: torch.Tensor) -> None:
-        if self.micro_step >= self.cfg.grad_accum:
-            raise RuntimeError(f"backward called {self.micro_step + 1} times before step() with "
-                               f"engine.grad_accum={self.cfg.grad_accum}")
-        self.ds.backward(loss)  # divides by gradient_accumulation_steps, scales for fp16
-        self.micro_step += 1
+        with self.micro_batch():
+            self.ds.backward(loss)  # divides by gradient_accumulation_steps, scales for fp16
         if self.micro_step < self.cfg.grad_accum:
             self.ds.step()  # DeepSpeed counts micro-batches in step(); it updates only at the boundary
 
     def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:
-        if self.micro_step != self.cfg.grad_accum:
-            raise RuntimeError(f"step() after {self.micro_step} backward calls; engine.grad_accum="
-                               f"{self.cfg.grad_accum}")
+        self.check_accumulated()
         named = [(clean_name(n), p) for n, p in self.ds.module.named_parameters() if p.requires_grad]
         grads = [self.local_grad(p) for _, p in named]
         metrics = {}

@@ -100,20 +100,15 @@ class TorchEngine(Engine):
         return self.precision.autocast()
 
     def backward(self, loss: torch.Tensor) -> None:
-        if self.micro_step >= self.cfg.grad_accum:
-            raise RuntimeError(f"backward called {self.micro_step + 1} times before step() with "
-                               f"engine.grad_accum={self.cfg.grad_accum}")
-        loss = loss / self.cfg.grad_accum
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward()
-        self.micro_step += 1
+        with self.micro_batch():
+            loss = loss / self.cfg.grad_accum
+            if self.scaler is not None:
+                loss = self.scaler.scale(loss)
+            loss.backward()
         self.set_gradient_sync(self.micro_step == self.cfg.grad_accum - 1)
 
     def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:
-        if self.micro_step != self.cfg.grad_accum:
-            raise RuntimeError(f"step() after {self.micro_step} backward calls; engine.grad_accum="
-                               f"{self.cfg.grad_accum}")
+        self.check_accumulated()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         with_grad = [(n, p) for n, p in named_parameters(self.method.student) if p.grad is not None]

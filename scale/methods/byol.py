@@ -6,7 +6,6 @@ regresses the target projection of the other view, target = momentum encoder (ba
 Heads follow BYOL (MoCo v3 appendix): 2-layer projector and predictor, BN in the hidden layers only.
 """
 
-import math
 from typing import Callable
 
 import torch
@@ -16,8 +15,8 @@ from torch import nn
 from scale import schedules
 from scale.data.batch import Batch
 from scale.methods.base import Method, StepContext
-from scale.methods.mocov3 import _bn_batching, check_two_views
-from scale.methods.nets import ProjectionNet, init_teacher
+from scale.methods.mocov3 import _bn_batching, momentum_forward
+from scale.methods.nets import ProjectionNet, momentum_encoder
 from scale.models.heads import moco_predictor, moco_projector
 
 
@@ -37,21 +36,15 @@ class BYOL(Method):
         backbone = backbone_fn()
         self.student = ProjectionNet(backbone, projector(backbone.embed_dim),
                                      moco_predictor(False, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads, last_bn=False))
-        target = backbone_fn(drop_path=0.0)
-        self.teacher = init_teacher(ProjectionNet(target, projector(target.embed_dim)), self.student)
-        self.steps_per_epoch = steps_per_epoch
-        self.epochs = math.ceil(total_steps / steps_per_epoch)
+        self.teacher = momentum_encoder(backbone_fn, projector, self.student)
+        self.momentum = schedules.encoder_momentum(mc.momentum, mc.momentum_cosine, steps_per_epoch, total_steps)
 
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
-        check_two_views(batch, "BYOL")
-        crops, views = batch.crops[:1], batch.views_per_group[:1]
-        p1, p2 = self.student(crops, views, self.per_view_bn)["p"].chunk(2)
-        with torch.no_grad():
-            z1, z2 = self.teacher(crops, views, self.per_view_bn)["z"].chunk(2)
+        online, target = momentum_forward(self, batch, "BYOL", self.per_view_bn)
+        p1, p2 = online["p"].chunk(2)
+        z1, z2 = target["z"].chunk(2)
         loss = (regression(p1, z2) + regression(p2, z1)).mean()
         return loss, {"loss": loss.item()}
 
     def ema_momentum(self, ctx: StepContext) -> float:
-        if not self.cfg.momentum_cosine:
-            return self.cfg.momentum
-        return schedules.moco_momentum(self.cfg.momentum, (ctx.step + 1) / self.steps_per_epoch, self.epochs)
+        return self.momentum(ctx.step)

@@ -15,8 +15,8 @@ from scale import schedules
 from scale.data.batch import Batch
 from scale.methods import distributed
 from scale.methods.base import Method, StepContext
-from scale.methods.mocov3 import check_two_views
-from scale.methods.nets import ProjectionNet, init_teacher
+from scale.methods.mocov3 import momentum_forward
+from scale.methods.nets import ProjectionNet, momentum_encoder
 
 
 def projector(in_dim: int, hidden: int, out: int) -> nn.Module:
@@ -35,20 +35,17 @@ class MocoV2(Method):
         self.cfg = mc = cfg.method.moco
         backbone = backbone_fn()
         self.student = ProjectionNet(backbone, projector(backbone.embed_dim, mc.mlp_dim, mc.dim))
-        target = backbone_fn(drop_path=0.0)
-        self.teacher = init_teacher(ProjectionNet(target, projector(target.embed_dim, mc.mlp_dim, mc.dim)),
-                                    self.student)
-        self.momentum = schedules.cosine(mc.momentum, 1.0, total_steps) if mc.momentum_cosine else None
+        self.teacher = momentum_encoder(backbone_fn, lambda width: projector(width, mc.mlp_dim, mc.dim),
+                                        self.student)
+        # the paper's constant 0.999 (recipes/dino/table7/row8_mocov2.yaml), or MoCo v3's cosine with momentum_cosine
+        self.momentum = schedules.encoder_momentum(mc.momentum, mc.momentum_cosine, steps_per_epoch, total_steps)
         # created with the method so that a checkpoint template has them; random unit keys, as MoCo starts
         self.queue = F.normalize(torch.randn(mc.queue_size, mc.dim, device="cpu"), dim=1)
         self.queue_ptr = torch.zeros((), dtype=torch.long, device="cpu")
 
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
-        check_two_views(batch, "MoCo v2")
-        crops, views = batch.crops[:1], batch.views_per_group[:1]
-        q1, q2 = self.student(crops, views, False)["z"].chunk(2)
-        with torch.no_grad():
-            keys = self.teacher(crops, views, False)
+        queries, keys = momentum_forward(self, batch, "MoCo v2", False)
+        q1, q2 = queries["z"].chunk(2)
         k1, k2 = keys["z"].chunk(2)
         self.monitor_features = keys["pooled"][:batch.batch_size].detach()
         self.queue = self.queue.to(q1.device)
@@ -66,7 +63,7 @@ class MocoV2(Method):
         self.queue_ptr = torch.tensor((ptr + keys.shape[0]) % size)
 
     def ema_momentum(self, ctx: StepContext) -> float:
-        return self.momentum(ctx.step) if self.momentum is not None else self.cfg.momentum
+        return self.momentum(ctx.step)
 
     def state_dict(self) -> dict:
         return {"queue": self.queue.cpu(), "queue_ptr": self.queue_ptr.clone()}

@@ -5,7 +5,6 @@ negatives and no queue (paper Alg. 1):
     ctr(q, k) = CE(q k_all^T / tau, labels = arange(N) + N * rank) * 2 tau,   loss = ctr(q1, k2) + ctr(q2, k1)
 """
 
-import math
 from typing import Callable
 
 import torch
@@ -17,7 +16,7 @@ from scale.data.batch import Batch
 from scale.errors import UserError
 from scale.methods import distributed
 from scale.methods.base import Method, StepContext
-from scale.methods.nets import ProjectionNet, init_teacher
+from scale.methods.nets import ProjectionNet, momentum_encoder
 from scale.models.heads import moco_predictor, moco_projector
 
 
@@ -40,31 +39,37 @@ def check_two_views(batch: Batch, method: str) -> None:
                          f"got {batch.views_per_group[0]}")
 
 
+def momentum_forward(method: Method, batch: Batch, name: str, per_view_bn: bool) -> tuple[dict, dict]:
+    """The two global views (the first resolution group) through the student and, without gradient, through the
+    momentum encoder (MoCo v2/v3, BYOL)."""
+    check_two_views(batch, name)
+    crops, views = batch.crops[:1], batch.views_per_group[:1]
+    online = method.student(crops, views, per_view_bn)
+    with torch.no_grad():
+        target = method.teacher(crops, views, per_view_bn)
+    return online, target
+
+
 class MocoV3(Method):
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.cfg = mc = cfg.method.moco
         self.per_view_bn = _bn_batching(mc.bn_batching)
         resnet = is_resnet(cfg)
+
+        def projector(in_dim: int) -> nn.Module:
+            return moco_projector(in_dim, resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads,
+                                  num_layers=None if resnet else mc.proj_layers)
+
         backbone = backbone_fn()
         self.student = ProjectionNet(
-            backbone,
-            moco_projector(backbone.embed_dim, resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads,
-                           num_layers=None if resnet else mc.proj_layers),
+            backbone, projector(backbone.embed_dim),
             moco_predictor(resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads, num_layers=mc.pred_layers))
-        momentum_backbone = backbone_fn(drop_path=0.0)
-        self.teacher = init_teacher(ProjectionNet(
-            momentum_backbone,
-            moco_projector(momentum_backbone.embed_dim, resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads,
-                           num_layers=None if resnet else mc.proj_layers)), self.student)
-        self.steps_per_epoch = steps_per_epoch
-        self.epochs = math.ceil(total_steps / steps_per_epoch)
+        self.teacher = momentum_encoder(backbone_fn, projector, self.student)
+        self.momentum = schedules.encoder_momentum(mc.momentum, mc.momentum_cosine, steps_per_epoch, total_steps)
 
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
-        check_two_views(batch, "MoCo v3")
-        crops, views = batch.crops[:1], batch.views_per_group[:1]
-        q1, q2 = self.student(crops, views, self.per_view_bn)["p"].chunk(2)
-        with torch.no_grad():
-            keys = self.teacher(crops, views, self.per_view_bn)
+        queries, keys = momentum_forward(self, batch, "MoCo v3", self.per_view_bn)
+        q1, q2 = queries["p"].chunk(2)
         k1, k2 = keys["z"].chunk(2)
         self.monitor_features = keys["pooled"][:batch.batch_size].detach()
         tau = self.cfg.temperature
@@ -72,10 +77,7 @@ class MocoV3(Method):
         return loss, {"loss": loss.item()}
 
     def ema_momentum(self, ctx: StepContext) -> float:
-        # the official code updates the momentum encoder at the start of the next iteration, with its epoch
-        if not self.cfg.momentum_cosine:
-            return self.cfg.momentum
-        return schedules.moco_momentum(self.cfg.momentum, (ctx.step + 1) / self.steps_per_epoch, self.epochs)
+        return self.momentum(ctx.step)
 
 
 def _bn_batching(value: str) -> bool:

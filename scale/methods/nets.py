@@ -4,13 +4,17 @@
 A backbone maps images [B, 3, H, W] to {"pooled": [B, D], "tokens": [B, N, Dt], "grid": (h, w)}.
 """
 
+from typing import Callable
+
 import torch
 from torch import nn
 
 
 class MultiCropNet(nn.Module):
     """DINO's multi-crop wrapper: the backbone runs once per resolution group, the head once over all views.
-    With a `region_head` (EsViT) it also returns the backbone tokens and the region head's logits per group."""
+    With a `region_head` (EsViT) it also returns the backbone tokens per group and the region head's logits on
+    every token, flat [sum_g V_g*B*N_g, K]: groups in order, each view-major, each view's rows image-major (kept
+    flat so that the loss's gradient reaches the head without a split and concatenation of [tokens, K])."""
 
     def __init__(self, backbone: nn.Module, head: nn.Module, region_head: nn.Module | None = None):
         super().__init__()
@@ -23,10 +27,8 @@ class MultiCropNet(nn.Module):
         out = {"logits": self.head(torch.cat([f["pooled"] for f in features])), "pooled": features[0]["pooled"]}
         if self.region_head is not None and region:
             tokens = [f["tokens"] for f in features]
-            flat = self.region_head(torch.cat([t.flatten(0, 1) for t in tokens]))
-            chunks = flat.split([t.shape[0] * t.shape[1] for t in tokens])
             out["tokens"] = tokens
-            out["region_logits"] = [c.view(t.shape[0], t.shape[1], -1) for c, t in zip(chunks, tokens)]
+            out["region_logits"] = self.region_head(torch.cat([t.flatten(0, 1) for t in tokens]))
         return out
 
 
@@ -167,3 +169,11 @@ def init_teacher(teacher: nn.Module, student: nn.Module) -> nn.Module:
         teacher.load_state_dict({k: v for k, v in student_state.items() if k in teacher.state_dict()})
     teacher.requires_grad_(False)
     return teacher
+
+
+def momentum_encoder(backbone_fn: Callable[..., nn.Module], projector: Callable[[int], nn.Module],
+                     student: nn.Module) -> ProjectionNet:
+    """MoCo's and BYOL's momentum encoder: a backbone without stochastic depth and `projector(its width)`, no
+    predictor, initialised from the student and frozen (`init_teacher`)."""
+    backbone = backbone_fn(drop_path=0.0)
+    return init_teacher(ProjectionNet(backbone, projector(backbone.embed_dim)), student)

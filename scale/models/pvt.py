@@ -10,8 +10,7 @@ PvT-Small (23.6M here; 24.5M in the PvT paper with its position embeddings and c
 """
 
 from scale.models.registry import register
-from scale.models.staged import (Block, ConvEmbed, MapAttention, Stage, StagedBackbone, check_fixed_options,
-                                 check_img_size, stochastic_depth)
+from scale.models.staged import Block, ConvEmbed, MapAttention, Stage, StagedBackbone, check_fixed_options, plan_stages
 
 PATCHES = (4, 2, 2, 2)
 # name: dims, depths, heads, MLP ratios, spatial-reduction ratios
@@ -24,16 +23,11 @@ SIZES = {
 
 class PvT(StagedBackbone):
     def __init__(self, *, dims, depths, heads, mlp_ratios, sr_ratios, img_size: int, drop_path: float):
-        check_img_size(img_size, PATCHES[:len(dims)], "PvT")
-        stages, in_dim, stride = [], 3, 1
-        rates = stochastic_depth(drop_path, depths)
-        for index, (dim, num_heads, mlp, sr, patch) in enumerate(zip(dims, heads, mlp_ratios, sr_ratios, PATCHES)):
-            stride *= patch
-            table = (img_size // stride, img_size // stride)
-            blocks = [Block(dim, MapAttention(dim, num_heads, table, sr=sr), mlp, rate, eps=1e-6)
-                      for rate in rates[index]]
+        stages = []
+        plans = plan_stages(img_size, dims, depths, PATCHES, drop_path, "PvT")
+        for (in_dim, dim, patch, table, rates), num_heads, mlp, sr in zip(plans, heads, mlp_ratios, sr_ratios):
+            blocks = [Block(dim, MapAttention(dim, num_heads, table, sr=sr), mlp, rate, eps=1e-6) for rate in rates]
             stages.append(Stage(ConvEmbed(in_dim, dim, patch, patch), blocks))
-            in_dim = dim
         super().__init__(stages, eps=1e-6)
         self.init_weights()
 

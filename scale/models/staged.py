@@ -12,7 +12,7 @@ backbone applies to shrunk windows. Index tensors and masks are derived per inpu
 buffers, so a model built on the meta device is complete after `to_empty` + `init_weights`.
 """
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,11 @@ def offset_index(queries: torch.Tensor, keys: torch.Tensor, radius: Grid) -> tor
     """[Nq, Nk] indices into a (2R_h+1)(2R_w+1) bias table of the offsets query - key (each within +-R)."""
     rel = queries[:, None, :] - keys[None, :, :]
     return (rel[..., 0] + radius[0]) * (2 * radius[1] + 1) + rel[..., 1] + radius[1]
+
+
+def lookup_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[heads, *index.shape] entries of a [entries, heads] relative position bias table."""
+    return table[index.reshape(-1)].reshape(*index.shape, -1).permute(2, 0, 1)
 
 
 def check_grid(grid: Grid, table_grid: Grid, what: str) -> None:
@@ -109,7 +114,7 @@ class MapAttention(GeometryCache):
         """[heads, P + N, P + N_keys] additive bias."""
         check_grid(grid, self.table_grid, type(self).__name__)
         index = self._index(grid, reduced, device)
-        local = self.relative_position_bias_table[index.reshape(-1)].reshape(*index.shape, -1).permute(2, 0, 1)
+        local = lookup_bias(self.relative_position_bias_table, index)
         if not self.prefix:
             return local
         heads, queries, keys = local.shape
@@ -176,6 +181,28 @@ class Stage(nn.Module):
         self.embed = embed
         self.blocks = nn.ModuleList(blocks)
         self.prefix = prefix
+
+
+class StagePlan(NamedTuple):
+    """What one stage of PvT or ViL (patch embeddings with kernel = stride) is built from."""
+    in_dim: int
+    dim: int
+    patch: int  # kernel and stride of its embedding
+    table_grid: Grid  # its map at model.img_size, which its relative position bias tables cover
+    rates: List[float]  # drop-path rates of its blocks
+
+
+def plan_stages(img_size: int, dims: Sequence[int], depths: Sequence[int], patches: Sequence[int], drop_path: float,
+                family: str) -> List[StagePlan]:
+    """The stages of widths `dims` behind embeddings of stride `patches`, the first on RGB; `img_size` must be a
+    multiple of the total stride."""
+    check_img_size(img_size, patches[:len(dims)], family)
+    plans, in_dim, stride = [], 3, 1
+    for dim, patch, rates in zip(dims, patches, stochastic_depth(drop_path, depths)):
+        stride *= patch
+        plans.append(StagePlan(in_dim, dim, patch, (img_size // stride, img_size // stride), rates))
+        in_dim = dim
+    return plans
 
 
 def stochastic_depth(rate: float, depths: Sequence[int]) -> List[List[float]]:

@@ -22,7 +22,7 @@ from timm.layers import use_fused_attn
 
 from scale.models.registry import register
 from scale.models.staged import (Block, ConvEmbed, GeometryCache, Grid, MapAttention, Stage, StagedBackbone, attend,
-                                 check_fixed_options, check_img_size, grid_coords, offset_index, stochastic_depth)
+                                 check_fixed_options, grid_coords, lookup_bias, offset_index, plan_stages)
 from scale.models.swin import MASKED
 
 EPS = 1e-6
@@ -83,8 +83,7 @@ class LongformerAttention(GeometryCache):
         q_local = F.unfold(q_local, kernel_size=w, stride=w)
         q_local = q_local.reshape(batch, heads, head_dim, w * w, chunks).permute(0, 1, 4, 3, 2)
         local_keys, local_values = neighbourhoods(k), neighbourhoods(v)
-        bias = self.relative_position_bias_table[index.reshape(-1)].reshape(*index.shape, -1).permute(2, 0, 1)
-        bias = bias[:, None] + mask  # [H, chunks, W^2, 9W^2]
+        bias = lookup_bias(self.relative_position_bias_table, index)[:, None] + mask  # [H, chunks, W^2, 9W^2]
         if prefix:
             global_keys = k[:, :, None, :prefix].expand(-1, -1, chunks, -1, -1)
             global_values = v[:, :, None, :prefix].expand(-1, -1, chunks, -1, -1)
@@ -115,20 +114,16 @@ PATCHES = (4, 2, 2, 2)
 
 class ViL(StagedBackbone):
     def __init__(self, *, dims, depths, heads, globals_, sparse, window: int, img_size: int, drop_path: float):
-        check_img_size(img_size, PATCHES[:len(dims)], "ViL")
-        stages, in_dim, stride = [], 3, 1
-        rates = stochastic_depth(drop_path, depths)
-        for index, (dim, num_heads, prefix, local, patch) in enumerate(zip(dims, heads, globals_, sparse, PATCHES)):
-            stride *= patch
-            table = (img_size // stride, img_size // stride)
+        stages = []
+        plans = plan_stages(img_size, dims, depths, PATCHES, drop_path, "ViL")
+        for (in_dim, dim, patch, table, rates), num_heads, prefix, local in zip(plans, heads, globals_, sparse):
 
             def attention():
                 if local:
                     return LongformerAttention(dim, num_heads, window, prefix)
                 return MapAttention(dim, num_heads, table, prefix=prefix, eps=EPS)
-            blocks = [Block(dim, attention(), 4.0, rate, eps=EPS) for rate in rates[index]]
+            blocks = [Block(dim, attention(), 4.0, rate, eps=EPS) for rate in rates]
             stages.append(Stage(ConvEmbed(in_dim, dim, patch, patch, prefix=prefix, eps=EPS), blocks, prefix))
-            in_dim = dim
         super().__init__(stages, eps=EPS)
         self.init_weights()
 

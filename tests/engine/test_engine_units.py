@@ -213,3 +213,21 @@ def test_toy_method_contract():
     assert not any(p.requires_grad for p in method.teacher.parameters())
     loss, _ = method.loss(make_batch(0), context(0))
     assert loss.ndim == 0 and dataclasses.is_dataclass(optim_config())
+
+
+def test_gradient_accumulation_counts_backward_calls():
+    """The Engine base's guard, shared by DDP, FSDP2 and DeepSpeed: grad_accum backward calls, then one step."""
+    info = DistInfo(0, 1, 0, "127.0.0.1", 0, "single")
+    engine = build_engine(EngineConfig(kind="ddp", grad_accum=2), optim_config(), info, CPU)
+    with pytest.raises(RuntimeError, match=r"step\(\) after 0 backward calls; engine.grad_accum=2"):
+        engine.check_accumulated()
+    with pytest.raises(ValueError), engine.micro_batch():
+        raise ValueError("a failed backward is not counted")
+    for _ in range(2):
+        with engine.micro_batch():
+            pass
+    with pytest.raises(RuntimeError, match=r"backward called 3 times before step\(\) with engine.grad_accum=2"):
+        with engine.micro_batch():
+            pass
+    engine.check_accumulated()
+    assert engine.micro_step == 2
