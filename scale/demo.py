@@ -23,6 +23,7 @@ from scale.rundir import read_metrics
 
 log = logging.getLogger(__name__)
 
+BENCH_STEPS = 6
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SCALE_LOCAL_LAUNCH")
 
 STORIES = {  # method -> (recipe, embedded data set, which backbone is evaluated)
@@ -79,29 +80,48 @@ def run_demo(method: str = "dino", run_dir: str | Path = "runs/demo", steps: int
     os.environ["SCALE_DATA"] = str(data_root)  # the demo recipes read their shards from ${SCALE_DATA}
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}  # the demo launches its own ranks
     env["OMP_NUM_THREADS"] = "1"
+    env["KINETO_LOG_LEVEL"] = "5"  # the profiled benchmark step would print CUDA probe errors on a CPU machine
     overrides = [f"train.max_steps={steps}"] if steps else []
     started = time.time()
 
-    say(f"1/5 building WebDataset shards of the embedded '{dataset}' images under {data_root}")
+    say(f"1/6 building WebDataset shards of the embedded '{dataset}' images under {data_root}")
     build(dataset, data_root / "embedded" / dataset, progress=True)
 
-    say("2/5 k-NN accuracy of the backbone at random initialisation")
+    say("2/6 k-NN accuracy of the backbone at random initialisation")
     before = knn_of(recipe, overrides, None, run_dir / "eval" / "knn_before.json")
 
     planned = _planned_steps(recipe, overrides)
-    say(f"3/5 training {recipe} on {nproc} CPU processes ({planned} steps)")
+    say(f"3/6 training {recipe} on {nproc} CPU processes ({planned} steps)")
     train_with_interruption(recipe, overrides, run_dir, env, interrupt_at=max(planned // 3, 1), nproc=nproc)
 
-    say("4/5 k-NN accuracy of the trained backbone")
+    say("4/6 k-NN accuracy of the trained backbone")
     weights = export(run_dir, evaluated, "safetensors", run_dir / "export" / f"{evaluated}.safetensors")
     after = knn_of(recipe, overrides, str(weights), run_dir / "eval" / "knn_after.json")
 
-    say("5/5 writing the report")
-    summary = _summary(before, after, run_dir, time.time() - started)
+    say(f"5/6 throughput benchmark: {BENCH_STEPS} timed steps per engine on {nproc} processes")
+    bench_table = benchmark(recipe, overrides, run_dir / "bench", env, nproc)
+
+    say("6/6 writing the report")
+    summary = _summary(before, after, bench_table, run_dir, time.time() - started)
     report = write_report([run_dir], run_dir / "report", title=f"scale demo: {method}", extra_sections=summary)
     say(f"k-NN top-1: random init {before['top1']:.1f}% -> trained {after['top1']:.1f}%")
     say(f"report: {report}")
     return report
+
+
+def benchmark(recipe: str, overrides: list[str], out: Path, env: dict, nproc: int) -> str:
+    """`scale bench` of the demo recipe under DDP and FSDP2; returns its printed table (its log is kept in `out`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    args = ["bench", recipe, *overrides, "--steps", str(BENCH_STEPS), "--warmup", "2", "--nproc", str(nproc),
+            "--matrix", "engine=ddp,fsdp2", "--json", str(out / "bench.json")]
+    with open(out / "bench.log", "w") as log_file:
+        status = subprocess.run([sys.executable, "-m", "scale.cli", *args], env=env, stdout=subprocess.PIPE,
+                                stderr=log_file, text=True)
+    (out / "bench.txt").write_text(status.stdout)
+    if status.returncode != 0:
+        raise UserError(f"the benchmark failed with exit status {status.returncode}; see {out / 'bench.log'}")
+    print(status.stdout, end="", flush=True)
+    return status.stdout
 
 
 def _planned_steps(recipe: str, overrides: list[str]) -> int:
@@ -114,7 +134,7 @@ def _planned_steps(recipe: str, overrides: list[str]) -> int:
     return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 
 
-def _summary(before: dict, after: dict, run_dir: Path, seconds: float) -> list[str]:
+def _summary(before: dict, after: dict, bench_table: str, run_dir: Path, seconds: float) -> list[str]:
     metrics = read_metrics(run_dir / "metrics.jsonl")
     speeds = [m["images_per_s"] for m in metrics if "images_per_s" in m]
     lines = [f"## k-NN accuracy (val, top-1 %, k={after['k']})", "",
@@ -126,5 +146,6 @@ def _summary(before: dict, after: dict, run_dir: Path, seconds: float) -> list[s
         ordered = sorted(speeds)
         lines += ["## Throughput", "", f"Median {ordered[len(ordered) // 2]:.1f} images/s (global, "
                   f"{len(speeds)} logged steps; CPU, gloo).", ""]
+    lines += ["## Benchmark (`scale bench`)", "", "```", bench_table.rstrip(), "```", ""]
     lines += [f"The whole demo took {seconds / 60:.1f} minutes.", ""]
     return lines

@@ -106,7 +106,7 @@ def test_exported_teacher_backbone_loads_into_timm_strictly(reference, tmp_path)
     out = export(reference, "teacher-backbone", "safetensors", tmp_path / "teacher.safetensors")
     # the demo's vit_nano/4 with average pooling, as timm builds it
     model = timm.models.vision_transformer.VisionTransformer(
-        img_size=32, patch_size=4, embed_dim=64, depth=3, num_heads=4, num_classes=0, class_token=False,
+        img_size=16, patch_size=4, embed_dim=64, depth=3, num_heads=4, num_classes=0, class_token=False,
         global_pool="avg", fc_norm=False)
     model.load_state_dict(load_file(str(out)), strict=True)
     summary = info(reference)

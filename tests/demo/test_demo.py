@@ -3,6 +3,8 @@ report with plots."""
 
 import json
 
+import pytest
+
 from scale.demo import run_demo
 from scale.rundir import read_metrics
 
@@ -15,6 +17,8 @@ def test_demo_story_end_to_end(tmp_path, capfd, monkeypatch):
     assert report == run / "report" / "report.md" and report.is_file()
     text = report.read_text()
     assert "random init" in text and "trained" in text and "| recipe |" in text
+    assert "## Benchmark" in text and "engine=ddp" in text and "engine=fsdp2" in text
+    assert (run / "bench" / "bench.json").is_file()
     for png in ("loss.png", "throughput.png"):
         assert (run / "report" / png).stat().st_size > 1000
     # interrupted once (preemption signal), resumed, and finished every step exactly once
@@ -27,3 +31,17 @@ def test_demo_story_end_to_end(tmp_path, capfd, monkeypatch):
     assert before["random_init"] and not after["random_init"]
     assert 0 <= before["top1"] <= 100 and 0 <= after["top1"] <= 100
     assert f"random init {before['top1']:.1f}% -> trained {after['top1']:.1f}%" in out
+
+
+@pytest.mark.parametrize("method", ["mocov3", "esvit", "drloc"])
+def test_demo_story_for_the_other_methods(method, tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    report = run_demo(method, tmp_path, steps=4, nproc=2)
+    out = capfd.readouterr().out
+    run = tmp_path / method
+    assert report == run / "report" / "report.md" and f"scale demo: {method}" in report.read_text()
+    assert "interrupting the run" in out and "resuming from its latest checkpoint" in out
+    steps = [m["step"] for m in read_metrics(run / "metrics.jsonl")]
+    assert max(steps) == 4 and len(set(steps)) == len(steps)
+    after = json.loads((run / "eval" / "knn_after.json").read_text())
+    assert not after["random_init"] and 0 <= after["top1"] <= 100
