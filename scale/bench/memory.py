@@ -5,8 +5,10 @@
 - CPU has no allocator statistics, so the torch profiler records every allocation and free of the CPU allocator
   (`profile_memory`), from before the model is built: the running sum of those events is the number of tensor
   bytes alive (parameters, gradients, optimizer state, activations, buffers of the collectives), and its maximum
-  inside the window is the peak, as CUDA's max_allocated would be. Collectives = the `gloo:*` events (they run on
-  gloo's threads and include waiting for the slowest rank).
+  inside the window is the peak, as CUDA's max_allocated would be. The profiler sees only the allocations and frees
+  of the threads it runs on: a tensor freed on a collective backend's thread (the last owner of a temporary handed
+  to gloo) stays counted, so the code measured avoids such temporaries (DDP is built without its init sync).
+  Collectives = the `gloo:*` events (they run on gloo's threads and include waiting for the slowest rank).
 - Both: the process's peak resident set (VmHWM, reset when the window opens; CPU only, where it also counts the
   Python heap, libraries and allocator slack).
 The profiler adds overhead per op, so the window's step is not one of the timed steps.

@@ -21,9 +21,12 @@ class DDPEngine(TorchEngine):
             if method.teacher is not None:
                 copy_student_to_teacher(method.teacher, method.student)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        # buffers are not broadcast, as under FSDP2 and DeepSpeed (BatchNorm statistics are SyncBN's on GPU)
+        # buffers are not broadcast, as under FSDP2 and DeepSpeed (BatchNorm statistics are SyncBN's on GPU).
+        # No init_sync: setup() has broadcast rank 0's parameters and buffers already; DDP's own sync would repeat it
+        # through a flattened copy of the parameters that gloo's worker thread may free, where the CPU memory
+        # profiler of scale.bench does not see it (it would then count that copy as alive in the measured step)
         method.student = DistributedDataParallel(method.student, device_ids=device_ids, forward_sync_buffers=False,
-                                                 gradient_as_bucket_view=True,
+                                                 gradient_as_bucket_view=True, init_sync=False,
                                                  find_unused_parameters=self.cfg.find_unused_parameters)
 
     def set_gradient_sync(self, enabled: bool) -> None:

@@ -42,6 +42,7 @@ class MocoV2(Method):
         # created with the method so that a checkpoint template has them; random unit keys, as MoCo starts
         self.queue = F.normalize(torch.randn(mc.queue_size, mc.dim, device="cpu"), dim=1)
         self.queue_ptr = torch.zeros((), dtype=torch.long, device="cpu")
+        self.pending_keys: torch.Tensor | None = None  # the last loss() call's gathered keys, not yet in the queue
 
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
         queries, keys = momentum_forward(self, batch, "MoCo v2", False)
@@ -49,24 +50,34 @@ class MocoV2(Method):
         k1, k2 = keys["z"].chunk(2)
         self.monitor_features = keys["pooled"][:batch.batch_size].detach()
         self.queue = self.queue.to(q1.device)
+        # the last step's keys go in now that its backward, which needed the queue as it was, is done: the queue is
+        # updated in place (no copy of it per step) and this step's logits see the keys of every earlier step
+        self._enqueue_pending()
         tau = self.cfg.temperature
         loss = queue_contrastive(q1, k2, self.queue, tau) + queue_contrastive(q2, k1, self.queue, tau)
-        self._enqueue(torch.cat([k1, k2]).detach())
+        # gathered now: every rank runs loss() at the same point, and the keys are needed only at the next step
+        self.pending_keys = distributed.all_gather_nograd(F.normalize(torch.cat([k1, k2]).float(), dim=1))
         return loss, {"loss": loss.item()}
 
-    def _enqueue(self, keys: torch.Tensor) -> None:
-        """Replace the oldest queue entries with this step's keys of every rank (after they served as positives)."""
-        keys = distributed.all_gather_nograd(F.normalize(keys.float(), dim=1))
-        size, ptr = self.queue.shape[0], int(self.queue_ptr)
+    def _enqueue_pending(self) -> None:
+        """Replace the oldest queue entries with the pending keys of every rank (after they served as positives)."""
+        if self.pending_keys is None:
+            return
+        keys, size, ptr = self.pending_keys, self.queue.shape[0], int(self.queue_ptr)
+        if keys.shape[0] > size:  # more keys than the queue holds: the newest fill it
+            keys, ptr = keys[-size:], (ptr + keys.shape[0] - size) % size
         index = (torch.arange(keys.shape[0], device=keys.device) + ptr) % size
-        self.queue[index] = keys[-size:] if keys.shape[0] > size else keys
+        self.queue[index] = keys
         self.queue_ptr = torch.tensor((ptr + keys.shape[0]) % size)
+        self.pending_keys = None
 
     def ema_momentum(self, ctx: StepContext) -> float:
         return self.momentum(ctx.step)
 
     def state_dict(self) -> dict:
+        self._enqueue_pending()  # between steps: no graph needs the queue any more
         return {"queue": self.queue.cpu(), "queue_ptr": self.queue_ptr.clone()}
 
     def load_state_dict(self, state: dict) -> None:
         self.queue, self.queue_ptr = state["queue"].clone(), state["queue_ptr"].clone()
+        self.pending_keys = None

@@ -119,9 +119,10 @@ def smoke_overrides(cfg: DictConfig, data_dir: Path | str | None = None) -> Dict
     return out
 
 
-def smoke_run(recipe: str, work_dir: Path | str, data_dir: Path | str | None = None) -> int:
+def smoke_run(recipe: str, work_dir: Path | str, data_dir: Path | str | None = None,
+              overrides: list[str] | None = None) -> int:
     """Shrink `recipe`, write the shrunk recipe to work_dir/<name>.yaml and train it on RANKS local gloo processes
-    in work_dir/<name>/; returns the exit status of `scale train`."""
+    in work_dir/<name>/, with `overrides` (dotted key=value) on top; returns the exit status of `scale train`."""
     from scale.config import load_recipe, to_yaml
     from scale.train import main
 
@@ -134,7 +135,7 @@ def smoke_run(recipe: str, work_dir: Path | str, data_dir: Path | str | None = N
         cfg.train.init_weights = str(_random_backbone(cfg, work / f"{stem}.init.safetensors"))
     shrunk = work / f"{stem}.yaml"
     shrunk.write_text(to_yaml(cfg))
-    return main(str(shrunk), [], run_dir=str(work / stem), nproc=RANKS)
+    return main(str(shrunk), list(overrides or []), run_dir=str(work / stem), nproc=RANKS)
 
 
 def _random_backbone(cfg: DictConfig, path: Path) -> Path:

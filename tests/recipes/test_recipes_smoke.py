@@ -45,3 +45,9 @@ def test_smoke_shrink_keeps_code_path(name, tmp_path):
 @pytest.mark.parametrize("name", smoke_params())
 def test_smoke_run(name, smoke_data, tmp_path):
     assert smoke_run(name, tmp_path, smoke_data) == 0
+
+
+def test_mocov2_recipe_smoke_runs_in_fp32(smoke_data, tmp_path):
+    """DINO Table 7's MoCo v2 row on 2 ranks (keys gathered into the queue) in fp32: there autocast does not cast
+    the queue into a copy, so backward needs the queue itself as it was when the logits were computed."""
+    assert smoke_run("dino/table7/row8_mocov2", tmp_path, smoke_data, overrides=["engine.precision=fp32"]) == 0
