@@ -5,6 +5,12 @@ j* = argmax_{j'} cos(z_s^j, z_t^{j'}) of the BACKBONE features (non-differentiab
 -1/N_s sum_j P_t^{j*} log P_s^j with P_t = softmax((g_t - c_r) / T_t) of a second (region) DINO head, c_r its own
 center. Loss = (1 - w) L_view + w L_region, w = 0.5, both averaged over the same pairs; from epoch
 `region_from_epoch` on (continual pre-training from a view-only checkpoint), before it the view loss alone.
+
+The region head has 65536 outputs on every token, so the loss never materialises an fp32 [tokens, 65536] tensor:
+the teacher's targets are made row by row when a matched student token needs them (`CenteredSoftmaxRows`), each
+student view's log-softmax is taken once for all the teacher views it is paired with (the loss is linear in the
+targets), and the gradient is formed during the forward a chunk of rows at a time, in the storage of the student's
+region logits (`SoftTargetCrossEntropy`).
 """
 
 from typing import Callable
@@ -12,11 +18,22 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from scale.data.batch import Batch
+from scale.methods import distributed
 from scale.methods.base import StepContext
-from scale.methods.dino import Dino, pair_mask, updated_center
+from scale.methods.dino import Dino, pair_mask
 from scale.methods.nets import MultiCropNet
+
+WORK_ELEMENTS = 2 ** 18  # elements of one chunk of rows (1 MiB in fp32: the work buffers stay in cache)
+
+# (row indices [n], out [n, K] fp32) -> out filled with those rows of the targets
+TargetRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def chunk_rows(classes: int) -> int:
+    return max(1, WORK_ELEMENTS // classes)
 
 
 @torch.no_grad()
@@ -27,13 +44,90 @@ def match_tokens(student_tokens: torch.Tensor, teacher_tokens: torch.Tensor) -> 
     return sim.argmax(dim=-1)
 
 
-def region_cross_entropy(student_region: torch.Tensor, teacher_region_probs: torch.Tensor, match: torch.Tensor,
-                         student_temp: float) -> torch.Tensor:
-    """Mean over images and student tokens of -sum_k P_t[match]_k log P_s_k.
-    student_region [B, N_s, K] logits, teacher_region_probs [B, N_t, K], match [B, N_s]."""
-    targets = teacher_region_probs.gather(1, match.unsqueeze(-1).expand(-1, -1, teacher_region_probs.shape[-1]))
-    log_ps = F.log_softmax(student_region.float() / student_temp, dim=-1)
-    return -(targets * log_ps).sum(-1).mean()
+def probability_rows(probs: torch.Tensor) -> TargetRows:
+    """Targets given as distributions [M, K] (Sinkhorn-Knopp assignments)."""
+    return lambda index, out: torch.index_select(probs, 0, index, out=out)
+
+
+class CenteredSoftmaxRows:
+    """The targets softmax((t - c) / T) of teacher logits t [M, K], made row by row when asked for: only each row's
+    log-normaliser is kept ([M]), not the [M, K] fp32 distributions. The pass that computes the normalisers also
+    sums the logits over the rows (`logit_sum` [1, K], for the center update)."""
+
+    @torch.no_grad()
+    def __init__(self, logits: torch.Tensor, center: torch.Tensor, temp: float):
+        self.logits, self.center, self.temp = logits, center.float(), temp
+        rows, classes = logits.shape
+        step = min(chunk_rows(classes), rows)
+        work = torch.empty(step, classes, device=logits.device)
+        self.log_norm = torch.empty(rows, device=logits.device)
+        self.logit_sum = torch.zeros(1, classes, device=logits.device)
+        for start in range(0, rows, step):
+            x = work[:min(step, rows - start)].copy_(logits[start:start + step])
+            self.logit_sum += x.sum(0, keepdim=True)
+            self.log_norm[start:start + step] = torch.logsumexp(x.sub_(self.center).div_(temp), dim=-1)
+
+    @torch.no_grad()
+    def __call__(self, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        out.copy_(self.logits.index_select(0, index)).sub_(self.center).div_(self.temp)
+        return out.sub_(self.log_norm[index].unsqueeze(-1)).exp_()
+
+
+class SoftTargetCrossEntropy(torch.autograd.Function):
+    """Cross-entropy of logits s [R, K] against soft targets (no gradient), by segments of rows: a segment
+    (first, weight, index) covers rows r = first .. first + n - 1 and adds
+        -weight * sum_r sum_k W_rk log softmax(s_r / T)_k,   W_r = sum_i targets(index_i)[r - first]
+    (index: one [n] tensor of target rows per source, e.g. per teacher view a student view is paired with).
+
+    The gradient, weight * (softmax(s_r / T) sum_k W_rk - W_r) / T, is computed in the forward, a chunk of rows at
+    a time in reused fp32 buffers, and written over the logits, row after row once they are read: the logits'
+    storage is what backward keeps (no [R, K] tensor is allocated, no fp32 one at all). After the call the logits
+    tensor holds that gradient, so it must be needed by nothing else (EsViT's region head output is not: a linear
+    layer's backward does not read its output; a graph that saved it would fail autograd's in-place check).
+    `grad_weight` is the weight the caller gives this loss in its total: the gradient is formed for it, so that
+    backward passes it on without another pass over [R, K] unless the total is scaled further (a loss scaler)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets: TargetRows, segments, temp, grad_weight):
+        grad = logits.detach() if ctx.needs_input_grad[0] else None  # the same storage, overwritten
+        step = min(chunk_rows(logits.shape[-1]), logits.shape[0])
+        scaled, log_ps, mixed, other = (torch.empty(step, logits.shape[-1], device=logits.device) for _ in range(4))
+        total = torch.zeros((), device=logits.device)
+        with torch.autocast(logits.device.type, enabled=False):  # the loss arithmetic is fp32 by design
+            for first, weight, index in segments:
+                for start in range(0, len(index[0]), step):
+                    rows = [i[start:start + step] for i in index]
+                    n = len(rows[0])
+                    part = slice(first + start, first + start + n)
+                    w = targets(rows[0], mixed[:n])
+                    for r in rows[1:]:
+                        w.add_(targets(r, other[:n]))
+                    ls = torch.log_softmax(scaled[:n].copy_(logits[part]).div_(temp), dim=-1, out=log_ps[:n])
+                    total -= weight * torch.dot(w.flatten(), ls.flatten())
+                    if grad is not None:
+                        scale = grad_weight * weight / temp
+                        grad[part] = ls.exp_().mul_(w.sum(-1, keepdim=True).mul_(scale)).sub_(w, alpha=scale)
+        ctx.save_for_backward(grad)
+        ctx.grad_weight = grad_weight
+        return total
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        weight = grad_output.new_tensor(ctx.grad_weight)  # rounded as the caller's weight * loss rounds it
+        if not torch.equal(grad_output, weight):
+            # scaled in place: backpropagating twice through the same graph then fails autograd's check of saved
+            # tensors modified in place, as it should
+            grad.mul_(grad_output / weight)
+        return grad, None, None, None, None
+
+
+def flat_rows(match: torch.Tensor, teacher_tokens: int, first: int = 0) -> torch.Tensor:
+    """[B, N_s] teacher token index per student token -> [B*N_s] row of the teacher view's flattening [B*N_t, ...],
+    counted from row `first`."""
+    offsets = torch.arange(match.shape[0], device=match.device).unsqueeze(1) * teacher_tokens + first
+    return (match + offsets).flatten()
 
 
 def split_views(per_group: list[torch.Tensor], views_per_group: list[int]) -> list[torch.Tensor]:
@@ -42,14 +136,30 @@ def split_views(per_group: list[torch.Tensor], views_per_group: list[int]) -> li
 
 
 def region_loss_pairs(student_tokens: list[torch.Tensor], teacher_tokens: list[torch.Tensor],
-                      student_region: list[torch.Tensor], teacher_region_probs: list[torch.Tensor],
-                      student_temp: float) -> torch.Tensor:
-    """Mean of the region loss over the pairs (teacher view i, student view v != i); arguments are per view."""
+                      student_region: torch.Tensor, teacher_targets: torch.Tensor | TargetRows,
+                      student_temp: float, grad_weight: float = 1.0) -> torch.Tensor:
+    """Mean of the region loss over the pairs (teacher view i, student view v != i).
+
+    Tokens are per view ([B, N_v, D]); the region outputs are flat with the views' rows in order, view v's
+    [B*N_v] rows image-major: student logits [sum_v B*N_v, K], teacher targets [V_t*B*N_t, K] (distributions, or
+    `TargetRows` making them). Each student view's log-softmax is taken once, against the sum of the targets of
+    its matched tokens in every teacher view it is paired with. `grad_weight`: the loss's weight in the caller's
+    total (see SoftTargetCrossEntropy)."""
+    if isinstance(teacher_targets, torch.Tensor):
+        teacher_targets = probability_rows(teacher_targets)
     mask = pair_mask(len(teacher_tokens), len(student_tokens))
-    terms = [region_cross_entropy(student_region[v], teacher_region_probs[i],
-                                  match_tokens(student_tokens[v], teacher_tokens[i]), student_temp)
-             for i, v in mask.nonzero().tolist()]
-    return torch.stack(terms).mean()
+    pairs = int(mask.sum())
+    teacher_first = [sum(t.shape[0] * t.shape[1] for t in teacher_tokens[:i]) for i in range(len(teacher_tokens))]
+    segments, first = [], 0
+    for v, tokens in enumerate(student_tokens):
+        batch, n = tokens.shape[:2]
+        index = [flat_rows(match_tokens(tokens, teacher_tokens[i]), teacher_tokens[i].shape[1], teacher_first[i])
+                 for i in mask[:, v].nonzero().flatten().tolist()]
+        segments.append((first, 1.0 / (pairs * batch * n), index))
+        first += batch * n
+    if first != student_region.shape[0]:
+        raise ValueError(f"{student_region.shape[0]} rows of student region logits for {first} student tokens")
+    return SoftTargetCrossEntropy.apply(student_region, teacher_targets, segments, student_temp, grad_weight)
 
 
 class Esvit(Dino):
@@ -70,28 +180,35 @@ class Esvit(Dino):
         temp = self.temperature(ctx)
         with torch.no_grad():
             teacher = self.teacher(batch.crops[:1], region=region)
+            if region:  # the teacher's region targets and center before the student's activations exist
+                targets, region_center = self.region_targets(teacher["region_logits"], temp)
         self.monitor_features = teacher["pooled"][:batch.batch_size].detach()
         student = self.student(batch.crops, region=region)
         view, metrics = self.view_loss(student["logits"], teacher["logits"], temp, n_teacher, n_student)
         if not region:
             return view, {"loss": view.item(), "view_loss": view.item(), "teacher_temp": temp, **metrics}
 
-        teacher_region = teacher["region_logits"][0]  # [V_t*B, N_t, K]
-        self.region_center = self.region_center.to(teacher_region.device)
-        probs = self._targets(teacher_region.flatten(0, 1), self.region_center, temp).view_as(teacher_region)
+        w = self.cfg.region_weight
+        # overwrites student["region_logits"] with the gradient of w * region_loss (see SoftTargetCrossEntropy)
         region_loss = region_loss_pairs(
             split_views(student["tokens"], batch.views_per_group),
             split_views(teacher["tokens"], batch.views_per_group[:1]),
-            split_views(student["region_logits"], batch.views_per_group),
-            split_views([probs], batch.views_per_group[:1]),
-            self.cfg.student_temp)
-        if self.cfg.centering == "center":
-            self.region_center = updated_center(self.region_center, teacher_region.flatten(0, 1),
-                                                self.cfg.center_momentum)
-        w = self.cfg.region_weight
+            student["region_logits"], targets, self.cfg.student_temp, grad_weight=w)
+        self.region_center = region_center
         loss = (1 - w) * view + w * region_loss
         return loss, {"loss": loss.item(), "view_loss": view.item(), "region_loss": region_loss.item(),
                       "teacher_temp": temp, **metrics}
+
+    def region_targets(self, teacher_region: torch.Tensor, temp: float) -> tuple[TargetRows, torch.Tensor]:
+        """Teacher region logits [V_t*B*N_t, K] -> (targets P_t from the current center, the center updated with
+        this batch: an EMA of the mean teacher output over the global batch, as the view head's)."""
+        center = self.region_center.to(teacher_region.device)
+        if self.cfg.centering == "sinkhorn":
+            return probability_rows(self._targets(teacher_region, None, temp)), center
+        targets = CenteredSoftmaxRows(teacher_region, center, temp)
+        batch_mean = distributed.all_reduce_mean(targets.logit_sum / teacher_region.shape[0])
+        momentum = self.cfg.center_momentum
+        return targets, center * momentum + batch_mean * (1 - momentum)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "region_center": self.region_center.cpu()}

@@ -6,7 +6,8 @@ import torch
 
 from scale.methods.dino import (cross_entropy_pairs, entropy, mse_pairs, pair_mask, teacher_probs,
                                 updated_center)
-from scale.methods.esvit import match_tokens, region_cross_entropy, region_loss_pairs, split_views
+from scale.methods import esvit
+from scale.methods.esvit import CenteredSoftmaxRows, match_tokens, region_loss_pairs, split_views
 from scale.methods.sinkhorn import sinkhorn_knopp
 
 
@@ -117,33 +118,91 @@ def test_esvit_matching_picks_the_most_similar_token():
     assert torch.equal(match_tokens(student, teacher), perm)
 
 
+def flat(per_view):
+    return torch.cat([t.flatten(0, 1) for t in per_view])
+
+
 def test_region_loss_matches_the_equation():
+    """Mean over pairs (teacher view i, student view v != i) of the mean over images and student tokens j of
+    -sum_k P_t^i[j*]_k log P_s^v[j]_k, j* the teacher token of highest cosine similarity; views of 3 and 2 tokens."""
     torch.manual_seed(4)
-    batch, ns, nt, k, dim = 2, 3, 4, 5, 6
-    s_tokens, t_tokens = torch.randn(batch, ns, dim), torch.randn(batch, nt, dim)
-    s_region = torch.randn(batch, ns, k)
-    t_probs = torch.softmax(torch.randn(batch, nt, k), -1)
-    loss = region_cross_entropy(s_region, t_probs, match_tokens(s_tokens, t_tokens), 0.1)
-    total = 0.0
-    for b in range(batch):
-        for j in range(ns):
-            sims = [torch.nn.functional.cosine_similarity(s_tokens[b, j], t_tokens[b, i], dim=0).item()
-                    for i in range(nt)]
-            best = max(range(nt), key=lambda i: sims[i])
-            ls = log_softmax_row((s_region[b, j] / 0.1).tolist())
-            total += -sum(p * s for p, s in zip(t_probs[b, best].tolist(), ls))
-    assert abs(loss.item() - total / (batch * ns)) < 1e-5
+    batch, k, dim = 2, 5, 6
+    s_tokens = [torch.randn(batch, n, dim) for n in (3, 3, 2)]
+    t_tokens = [torch.randn(batch, 4, dim) for _ in range(2)]
+    s_region = [torch.randn(batch, n, k) for n in (3, 3, 2)]
+    t_probs = [torch.softmax(torch.randn(batch, 4, k), -1) for _ in range(2)]
+    loss = region_loss_pairs(s_tokens, t_tokens, flat(s_region), flat(t_probs), 0.1)
+    pairs = []
+    for i in range(2):
+        for v in range(3):
+            if v == i:
+                continue
+            total, ns = 0.0, s_tokens[v].shape[1]
+            for b in range(batch):
+                for j in range(ns):
+                    sims = [torch.nn.functional.cosine_similarity(s_tokens[v][b, j], t_tokens[i][b, t], dim=0).item()
+                            for t in range(4)]
+                    best = max(range(4), key=lambda t: sims[t])
+                    ls = log_softmax_row((s_region[v][b, j] / 0.1).tolist())
+                    total += -sum(p * s for p, s in zip(t_probs[i][b, best].tolist(), ls))
+            pairs.append(total / (batch * ns))
+    assert abs(loss.item() - sum(pairs) / len(pairs)) < 1e-5
 
 
-def test_region_loss_over_view_pairs():
-    torch.manual_seed(5)
-    views = [torch.randn(2, 4, 3) for _ in range(3)]
-    region = [torch.randn(2, 4, 5) for _ in range(3)]
-    probs = [torch.softmax(torch.randn(2, 4, 5), -1) for _ in range(2)]
-    loss = region_loss_pairs(views, views[:2], region, probs, 0.1)
-    pairs = [(0, 1), (0, 2), (1, 0), (1, 2)]
-    expected = sum(region_cross_entropy(region[v], probs[i], match_tokens(views[v], views[i]), 0.1)
-                   for i, v in pairs) / 4
-    assert torch.allclose(loss, expected)
+def test_split_views():
     grouped = split_views([torch.arange(12).view(6, 2)], [3])
     assert [g[:, 0].tolist() for g in grouped] == [[0, 2], [4, 6], [8, 10]]
+
+
+def autograd_region_loss(tokens, teacher_tokens, region, probs, temp):
+    """The region loss written directly with autograd: one gather and one log-softmax per (teacher, student) pair."""
+    terms = []
+    for i, v in pair_mask(len(teacher_tokens), len(tokens)).nonzero().tolist():
+        match = match_tokens(tokens[v], teacher_tokens[i])
+        targets = probs[i].gather(1, match.unsqueeze(-1).expand(-1, -1, probs[i].shape[-1]))
+        log_ps = torch.log_softmax(region[v].float() / temp, dim=-1)
+        terms.append(-(targets * log_ps).sum(-1).mean())
+    return torch.stack(terms).mean()
+
+
+def region_inputs(dtype):
+    """2 global views of 4 tokens and 3 local views of 2 tokens, batch 2, 7 classes."""
+    torch.manual_seed(6)
+    tokens = [torch.randn(2, n, 3) for n in (4, 4, 2, 2, 2)]
+    region = [torch.randn(2, n, 7).to(dtype).requires_grad_() for n in (4, 4, 2, 2, 2)]
+    probs = [torch.softmax(torch.randn(2, 4, 7), -1) for _ in range(2)]
+    return tokens, region, probs
+
+
+def test_region_loss_and_gradient_match_autograd(monkeypatch):
+    monkeypatch.setattr(esvit, "chunk_rows", lambda classes: 3)  # chunks that cut across images and views
+    # weighted by 2.5 in the total: a gradient formed for another weight (1.0) or for that one (2.5)
+    for dtype, tol, grad_weight in ((torch.float32, 1e-6, 1.0), (torch.float32, 1e-6, 2.5),
+                                    (torch.bfloat16, 1e-2, 2.5)):
+        tokens, region, probs = region_inputs(dtype)
+        loss = region_loss_pairs(tokens, tokens[:2], flat(region), flat(probs), 0.1, grad_weight=grad_weight)
+        grads = torch.autograd.grad(2.5 * loss, region)
+        expected = autograd_region_loss(tokens, tokens[:2], region, probs, 0.1)
+        expected_grads = torch.autograd.grad(2.5 * expected, region)
+        assert torch.allclose(loss, expected, atol=1e-6)
+        for g, e in zip(grads, expected_grads):
+            assert g.dtype == dtype and torch.allclose(g.float(), e.float(), atol=tol, rtol=tol)
+
+
+def test_region_loss_keeps_its_gradient_in_the_logits_storage():
+    tokens, region, probs = region_inputs(torch.bfloat16)
+    logits, saved = flat(region), []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        region_loss_pairs(tokens, tokens[:2], logits, flat(probs), 0.1)
+    assert len(saved) == 1 and saved[0].data_ptr() == logits.data_ptr()  # nothing else kept, nothing allocated
+
+
+def test_centered_softmax_rows_are_the_teacher_targets(monkeypatch):
+    monkeypatch.setattr(esvit, "chunk_rows", lambda classes: 4)  # the normalisers computed over 3 chunks
+    torch.manual_seed(7)
+    logits, center = torch.randn(10, 7).to(torch.bfloat16), torch.randn(1, 7)
+    targets = CenteredSoftmaxRows(logits, center, 0.04)
+    index = torch.tensor([9, 0, 4, 4])
+    rows = targets(index, torch.empty(4, 7))
+    assert torch.allclose(rows, teacher_probs(logits, center, 0.04)[index], atol=1e-6)
+    assert torch.allclose(targets.logit_sum, logits.float().sum(0, keepdim=True), atol=1e-5)

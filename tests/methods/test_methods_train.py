@@ -42,9 +42,9 @@ def images(n: int, size: int, seed: int) -> torch.Tensor:
     return F.interpolate(torch.randn(n, 3, 4, 4, generator=g), size=size, mode="bilinear", align_corners=False)
 
 
-def make_batch(batch: int = 8, n_global: int = 2, global_size: int = 32, locals_: tuple = ()) -> Batch:
-    base = images(batch, 2 * global_size, seed=0)
-    g = torch.Generator().manual_seed(1)
+def make_batch(batch: int = 8, n_global: int = 2, global_size: int = 32, locals_: tuple = (), seed: int = 0) -> Batch:
+    base = images(batch, 2 * global_size, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
 
     def view(size):
         noisy = base + 0.1 * torch.randn(base.shape, generator=g)
@@ -59,15 +59,17 @@ def make_batch(batch: int = 8, n_global: int = 2, global_size: int = 32, locals_
     return Batch(crops, views, labels, [f"img{i}" for i in range(batch)])
 
 
-def train(method, batch: Batch, steps: int, lr: float = 1e-3) -> list[float]:
-    """A plain AdamW loop following the engine's contract: backward, frozen params get no update, then EMA."""
+def train(method, batch: Batch | list[Batch], steps: int, lr: float = 1e-3) -> list[float]:
+    """A plain AdamW loop following the engine's contract: backward, frozen params get no update, then EMA. A list
+    of batches is taken in turn."""
+    batches = batch if isinstance(batch, list) else [batch]
     params = [(n, p) for n, p in method.student.named_parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([p for _, p in params], lr=lr, weight_decay=0.0)
     losses = []
     for step in range(steps):
         ctx = StepContext(step=step, epoch=step // STEPS_PER_EPOCH, steps_per_epoch=STEPS_PER_EPOCH,
                           total_steps=steps)
-        loss, metrics = method.loss(batch, ctx)
+        loss, metrics = method.loss(batches[step % len(batches)], ctx)
         assert torch.isfinite(loss) and metrics["loss"] == pytest.approx(loss.item())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -150,6 +152,34 @@ def test_esvit_trains_on_swin_with_region_loss():
     assert method.state_dict()["region_center"].shape == (1, 128)
 
 
+def test_esvit_region_loss_and_center_follow_the_equations():
+    """The method's region loss and region center against a per-pair computation from its nets' outputs."""
+    method = build(recipe("esvit", model="swin_nano", model__img_size=64))
+    method.region_center = torch.randn(1, 128)
+    center, dc = method.region_center.clone(), method.cfg
+    batch = make_batch(batch=2, global_size=64, locals_=((2, 32),))
+    ctx = StepContext(0, 0, STEPS_PER_EPOCH, 1000)
+    with torch.no_grad():
+        teacher, student = method.teacher(batch.crops[:1]), method.student(batch.crops)
+    _, metrics = method.loss(batch, ctx)
+    t_logits = teacher["region_logits"].float()
+    probs = torch.softmax((t_logits - center) / method.temperature(ctx), -1)
+    t_tokens = list(teacher["tokens"][0].chunk(2))
+    s_tokens = list(student["tokens"][0].chunk(2)) + list(student["tokens"][1].chunk(2))
+    s_region = student["region_logits"].split([t.shape[0] * t.shape[1] for t in s_tokens])
+    t_probs = probs.split([t.shape[0] * t.shape[1] for t in t_tokens])
+    terms = []
+    for i, t in enumerate(t_tokens):
+        for v, s in enumerate(s_tokens):
+            if v != i:
+                sim = F.normalize(s, dim=-1) @ F.normalize(t, dim=-1).transpose(1, 2)
+                rows = (sim.argmax(-1) + torch.arange(2).unsqueeze(1) * t.shape[1]).flatten()
+                terms.append(-(t_probs[i][rows] * torch.log_softmax(s_region[v] / dc.student_temp, -1)).sum(-1).mean())
+    assert metrics["region_loss"] == pytest.approx(torch.stack(terms).mean().item(), rel=1e-5)
+    expected_center = center * dc.center_momentum + t_logits.mean(0, keepdim=True) * (1 - dc.center_momentum)
+    assert torch.allclose(method.region_center, expected_center, atol=1e-6)
+
+
 def test_esvit_region_loss_from_epoch():
     method = build(recipe("esvit", method__dino__region_from_epoch=2))
     batch = make_batch()
@@ -169,6 +199,49 @@ def test_two_view_frameworks_train(variant):
         assert names <= set(dict(method.student.named_parameters()))
         assert not any(n.startswith("predictor") for n in names)
         assert method.ema_momentum(StepContext(0, 0, STEPS_PER_EPOCH, 1000)) >= 0.99
+
+
+def test_mocov2_trains_against_a_queue_of_other_images_keys():
+    """Two batches of different images in turn and a queue of one step's keys (2 views x 8 images), so that each
+    step's negatives are the other batch's keys (with one batch, a queue holds the positives' own earlier keys). In
+    fp32 nothing casts the queue: backward needs it as it was when the logits were computed."""
+    cfg = recipe("mocov3", method__moco__variant="mocov2", method__moco__queue_size=16,
+                 method__moco__momentum=0.999, method__moco__momentum_cosine=False)
+    method = build(cfg)
+    names = set(dict(method.teacher.named_parameters()))
+    assert names == set(dict(method.student.named_parameters()))  # no predictor: the encoders match
+    assert method.ema_momentum(StepContext(0, 0, STEPS_PER_EPOCH, 1000)) == 0.999
+    assert method.ema_momentum(StepContext(900, 9, STEPS_PER_EPOCH, 1000)) == 0.999
+    losses = train(method, [make_batch(seed=0), make_batch(seed=1)], 14)
+    # steps 0 and 1 see the random unit keys the queue starts with (easy negatives) and their replacement
+    assert_goes_down(losses[2:])
+
+
+@pytest.mark.parametrize("size, steps", [(40, 3), (12, 1)])
+def test_mocov2_loss_uses_the_queue_before_the_step_then_enqueues_its_keys(size, steps):
+    """MoCo's order: logits against the queue, then this step's keys (both views, normalised) replace the oldest
+    entries, as if written one by one into a ring (wrapping; with more keys than the queue holds, the newest stay)."""
+    from scale.methods.mocov2 import queue_contrastive
+
+    method = build(recipe("mocov3", method__moco__variant="mocov2", method__moco__queue_size=size))
+    batch = make_batch()
+    ring = method.queue.clone()
+    with torch.no_grad():  # the batch and the nets do not change here: every step has the same queries and keys
+        q1, q2 = method.student(batch.crops[:1], batch.views_per_group[:1], False)["z"].chunk(2)
+        keys = method.teacher(batch.crops[:1], batch.views_per_group[:1], False)["z"]
+    k1, k2 = keys.chunk(2)
+    written = 0
+    for step in range(steps):
+        loss, _ = method.loss(batch, StepContext(step, 0, STEPS_PER_EPOCH, 1000))
+        tau = method.cfg.temperature
+        expected = queue_contrastive(q1, k2, ring, tau) + queue_contrastive(q2, k1, ring, tau)
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+        loss.backward()
+        for key in F.normalize(keys, dim=1):
+            ring[written % size] = key
+            written += 1
+    state = method.state_dict()  # holds the last step's keys too
+    assert torch.allclose(state["queue"], ring, atol=1e-6) and int(state["queue_ptr"]) == written % size
 
 
 def test_moco_joint_bn_batching_and_momentum_schedule():

@@ -36,6 +36,23 @@ def test_dino_head_options():
     assert names == {"weight_g", "weight_v"}  # the official checkpoints' names
 
 
+def test_weight_norm_linear_output_and_gradients_follow_the_formula():
+    torch.manual_seed(1)
+    layer = WeightNormLinear(6, 9, fix_norm=False)
+    with torch.no_grad():
+        layer.weight_g.uniform_(0.5, 2.0)
+    x = torch.randn(4, 6)
+    out = layer(x)
+    v, g = layer.weight_v.detach().clone().requires_grad_(), layer.weight_g.detach().clone().requires_grad_()
+    expected = x @ (g * v / v.norm(dim=1, keepdim=True)).t()  # w = g * v / ||v|| per output row
+    assert torch.allclose(out, expected, atol=1e-6)
+    upstream = torch.randn(4, 9)
+    (out * upstream).sum().backward()
+    (expected * upstream).sum().backward()
+    assert torch.allclose(layer.weight_v.grad, v.grad, atol=1e-6)
+    assert torch.allclose(layer.weight_g.grad, g.grad, atol=1e-6)
+
+
 def test_moco_vit_projector_and_predictor():
     proj = moco_projector(24, resnet=False, dim=8, mlp_dim=32)
     linears = [m for m in proj if isinstance(m, nn.Linear)]
