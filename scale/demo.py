@@ -3,7 +3,6 @@ interrupted once and resumed, k-NN of the trained teacher, a throughput measurem
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from scale import faults
 from scale.checkpoint.export import export
 from scale.config import load_recipe
 from scale.data.embedded import build
@@ -24,7 +24,8 @@ from scale.rundir import read_metrics
 log = logging.getLogger(__name__)
 
 BENCH_STEPS = 6
-LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SCALE_LOCAL_LAUNCH")
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SCALE_LOCAL_LAUNCH",
+                      faults.ENV)
 
 STORIES = {  # method -> (recipe, embedded data set, which backbone is evaluated)
     "dino": ("demo/dino_tiny", "digits", "teacher-backbone"),
@@ -44,21 +45,17 @@ def scale_command(args: list[str], env: dict) -> subprocess.Popen:
 
 def train_with_interruption(recipe: str, overrides: list[str], run_dir: Path, env: dict, interrupt_at: int,
                             nproc: int) -> None:
-    """Train; once `interrupt_at` steps are logged, send SIGUSR1 (as Slurm would before preempting), then resume."""
+    """Train; after step `interrupt_at` every rank receives SIGUSR1 (as Slurm's preemption notice would send it),
+    the run checkpoints and exits for requeue, and is resumed from its checkpoint."""
     args = ["train", recipe, *overrides, "--run-dir", str(run_dir), "--nproc", str(nproc)]
-    proc = scale_command(args, env)
-    metrics = run_dir / "metrics.jsonl"
-    while proc.poll() is None:
-        steps = [m["step"] for m in read_metrics(metrics)] if metrics.exists() else []
-        if steps and max(steps) >= interrupt_at:
-            say(f"interrupting the run at step {max(steps)} (SIGUSR1, like a preemption notice)")
-            proc.send_signal(signal.SIGUSR1)
-            break
-        time.sleep(0.5)
-    status = proc.wait()
+    say(f"the run will receive SIGUSR1 after step {interrupt_at}, like a preemption notice")
+    status = scale_command(args, {**env, faults.ENV: faults.spec("preempt", interrupt_at)}).wait()
     if status == PREEMPTED_EXIT_CODE:
-        say("the run checkpointed and exited for requeue; resuming from its latest checkpoint")
+        say(f"interrupted at step {interrupt_at}: the run checkpointed and exited for requeue; resuming from its "
+            f"latest checkpoint")
         status = scale_command(args, env).wait()
+    elif status == 0:
+        raise UserError(f"the run finished without being interrupted at step {interrupt_at}; see {run_dir / 'logs'}")
     if status != 0:
         raise UserError(f"training failed with exit status {status}; see {run_dir / 'logs'}")
 

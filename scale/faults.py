@@ -1,16 +1,27 @@
-"""Fault injection for the resume tests: SCALE_FAULT="POINT@STEP" SIGKILLs this process at a named point.
+"""Fault injection: SCALE_FAULT="POINT@STEP" makes every rank hit a fault at a named point of step STEP.
 
-Points: `step` (right after optimizer step STEP completed), `save` (inside the checkpoint write of STEP, after the
-files are on disk and before the directory is sealed). Unset in normal runs: each check is one dict lookup.
+Points:
+- `step`: SIGKILL right after optimizer step STEP completed (the resume tests);
+- `save`: SIGKILL inside the checkpoint write of STEP, after the files are on disk and before the directory is
+  sealed (the resume tests);
+- `preempt`: SIGUSR1 right after step STEP, as Slurm's preemption notice would send it (the demo interrupts itself
+  this way at a known step: a signal sent from outside can arrive after a short run has already finished).
+Unset in normal runs: each check is one dict lookup.
 """
 
 import os
 import signal
 
 ENV = "SCALE_FAULT"
+SIGNALS = {"step": signal.SIGKILL, "save": signal.SIGKILL, "preempt": signal.SIGUSR1}
 
 
-def maybe_kill(point: str, step: int) -> None:
-    spec = os.environ.get(ENV)
-    if spec and spec == f"{point}@{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+def spec(point: str, step: int) -> str:
+    if point not in SIGNALS:
+        raise ValueError(f"unknown fault point '{point}' (one of {', '.join(SIGNALS)})")
+    return f"{point}@{step}"
+
+
+def maybe_inject(point: str, step: int) -> None:
+    if os.environ.get(ENV) == spec(point, step):
+        os.kill(os.getpid(), SIGNALS[point])

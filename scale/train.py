@@ -21,7 +21,7 @@ from scale.engine import build_engine
 from scale.engine.dist import DistInfo, init_distributed, seed_everything, shutdown
 from scale.eval.monitor import KnnMonitor
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss, UserError
-from scale.faults import maybe_kill
+from scale.faults import maybe_inject
 from scale.launch.local import already_launched, spawn
 from scale.methods import build_method
 from scale.methods.base import StepContext
@@ -138,7 +138,8 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
                 done = step + 1
-                maybe_kill("step", done)
+                maybe_inject("step", done)
+                maybe_inject("preempt", done)
                 if self.preemption.requested():
                     self.checkpointer.save(done)
                     return PREEMPTED_EXIT_CODE

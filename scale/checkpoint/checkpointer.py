@@ -19,7 +19,7 @@ from scale.checkpoint import rng
 from scale.checkpoint.store import CheckpointStore, step_name
 from scale.engine.dist import DistInfo
 from scale.errors import UserError
-from scale.faults import maybe_kill
+from scale.faults import maybe_inject
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Checkpointer:
 
     def _seal(self, step: int, meta: dict, started: float) -> None:
         _barrier()  # every rank's files are on disk
-        maybe_kill("save", step)
+        maybe_inject("save", step)
         if self.info.is_main:
             final = self.store.commit(step, meta)
             self._record(step, final, time.perf_counter() - started)

@@ -22,9 +22,12 @@ def test_demo_story_end_to_end(tmp_path, capfd, monkeypatch):
     for png in ("loss.png", "throughput.png"):
         assert (run / "report" / png).stat().st_size > 1000
     # interrupted once (preemption signal), resumed, and finished every step exactly once
-    assert "interrupting the run" in out and "resuming from its latest checkpoint" in out
+    assert "interrupted at step" in out and "resuming from its latest checkpoint" in out
     steps = [m["step"] for m in read_metrics(run / "metrics.jsonl")]
     assert max(steps) == 12 and len(set(steps)) == len(steps)
+    for rank in (0, 1):  # the signal reached every rank after step 4, a third of the run
+        log = (run / "logs" / f"rank{rank}.log").read_text()
+        assert "received SIGUSR1" in log and "steps 4..12" in log
     assert (run / "checkpoints" / "step_000000012" / "meta.json").is_file()
     before = json.loads((run / "eval" / "knn_before.json").read_text())
     after = json.loads((run / "eval" / "knn_after.json").read_text())
@@ -40,7 +43,7 @@ def test_demo_story_for_the_other_methods(method, tmp_path, capfd, monkeypatch):
     out = capfd.readouterr().out
     run = tmp_path / method
     assert report == run / "report" / "report.md" and f"scale demo: {method}" in report.read_text()
-    assert "interrupting the run" in out and "resuming from its latest checkpoint" in out
+    assert "interrupted at step" in out and "resuming from its latest checkpoint" in out
     steps = [m["step"] for m in read_metrics(run / "metrics.jsonl")]
     assert max(steps) == 4 and len(set(steps)) == len(steps)
     after = json.loads((run / "eval" / "knn_after.json").read_text())
