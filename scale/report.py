@@ -1,5 +1,5 @@
-"""Run reports: a markdown table of the paper's numbers next to ours, and PNG plots of loss, k-NN accuracy and
-throughput, all read from run directories (config.yaml, metrics.jsonl, eval/*.json)."""
+"""Run reports: a markdown table of the paper's numbers next to ours, and PNG plots of loss, k-NN accuracy,
+validation accuracy and throughput, all read from run directories (config.yaml, metrics.jsonl, eval/*.json)."""
 
 import json
 from pathlib import Path
@@ -14,7 +14,7 @@ from scale.errors import UserError  # noqa: E402
 from scale.rundir import RunDir, read_metrics  # noqa: E402
 
 PLOTS = {"loss": ("loss", "training loss"), "knn": ("knn_monitor_top1", "k-NN monitor top-1 (%)"),
-         "throughput": ("images_per_s", "images/s (global)")}
+         "val": ("val_top1", "validation top-1 (%)"), "throughput": ("images_per_s", "images/s (global)")}
 
 
 def load_run(path: str | Path) -> dict:
@@ -64,13 +64,15 @@ def _fmt(value) -> str:
 
 def markdown_table(runs: list[dict]) -> str:
     """Paper-reported numbers (meta.reported) next to what the run measured."""
-    lines = ["| recipe | paper | table | row | reported | measured k-NN top-1 | final loss | images/s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| recipe | paper | table | row | reported | measured k-NN top-1 | measured val top-1 | final loss | "
+             "images/s |", "|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         meta = run["config"].meta
         reported = ", ".join(f"{k} {v}" for k, v in OmegaConf.to_container(meta.reported).items()) or "–"
         knn = run["evals"].get("knn_after", run["evals"].get("knn", {})).get("top1")
+        val = run["evals"].get("val", {}).get("top1")
         lines.append(f"| {meta.name} | {meta.paper} | {meta.table} | {meta.row} | {reported} | {_fmt(knn)} | "
+                     f"{_fmt(val)} | "
                      f"{_fmt(_last(run['metrics'], 'loss'))} | {_fmt(_last(run['metrics'], 'images_per_s'))} |")
     return "\n".join(lines)
 

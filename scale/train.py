@@ -19,11 +19,12 @@ from scale.data.loader import build_loader
 from scale.data.batch import split_batch
 from scale.engine import build_engine
 from scale.engine.dist import DistInfo, init_distributed, seed_everything, shutdown
+from scale.eval.classify import Validation
 from scale.eval.monitor import KnnMonitor
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss, UserError
 from scale.faults import maybe_inject
 from scale.launch.local import already_launched, spawn
-from scale.methods import build_method
+from scale.methods import build_method, method_class
 from scale.methods.base import StepContext
 from scale.methods.monitors import GradSpikeDetector
 from scale.optim import apply_schedule
@@ -77,6 +78,9 @@ class Trainer:
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
+        classifies = method_class(cfg.method.kind, cfg.method.moco.variant).classifies
+        self.validation = (Validation(cfg, info, device, run.root / "eval" / "val.json")  # checks data.val at once
+                           if classifies and cfg.train.val_every_epochs > 0 else None)
         fresh = not CheckpointStore(run.checkpoints).candidates()
         self.build_step(lambda: train_loader(cfg, info), init_weights=cfg.train.init_weights if fresh else "")
         self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, self.method, self.loader)
@@ -134,10 +138,13 @@ class Trainer:
                 batch, data_wait = self._next_batch(batches)
                 record = self.train_step(step, batch)
                 record["data_wait_s"] = data_wait
+                done = step + 1
+                if self.validation and self.validation.due(done, stop, self.steps_per_epoch):
+                    record.update(self.validation(self.method, self.engine.autocast, done,
+                                                  done / self.steps_per_epoch))
                 self._log(step, record)
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
-                done = step + 1
                 maybe_inject("step", done)
                 maybe_inject("preempt", done)
                 if self.preemption.requested():
@@ -219,7 +226,7 @@ class Trainer:
 
     def _log(self, step: int, record: dict) -> None:
         every = self.cfg.train.log_every
-        if (step + 1) % every and step + 1 != self.stop_step() and step != 0:
+        if (step + 1) % every and step + 1 != self.stop_step() and step != 0 and "val_top1" not in record:
             return
         record.update(self.loader.metrics())
         self.metrics.write(step + 1, record)

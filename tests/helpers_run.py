@@ -22,12 +22,18 @@ def embedded_data(tmp_path_factory) -> Path:
     return root
 
 
-def run_train(data_root: Path, run_dir: Path, overrides: list[str], nproc: int = 2, fault: str | None = None,
-              recipe: str = "demo/dino_tiny", timeout: int = 300) -> subprocess.CompletedProcess:
+def clean_env(data_root: Path) -> dict:
+    """The environment of a fresh `scale` launch reading ${SCALE_DATA}=data_root."""
     env = dict(os.environ, SCALE_DATA=str(data_root), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     for stale in ("SCALE_FAULT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                   "SCALE_LOCAL_LAUNCH"):  # a launch is fresh even after in-process distributed tests
         env.pop(stale, None)
+    return env
+
+
+def run_train(data_root: Path, run_dir: Path, overrides: list[str], nproc: int = 2, fault: str | None = None,
+              recipe: str = "demo/dino_tiny", timeout: int = 300) -> subprocess.CompletedProcess:
+    env = clean_env(data_root)
     if fault:
         env["SCALE_FAULT"] = fault
     cmd = [sys.executable, "-m", "scale.cli", "train", recipe, *overrides, "--run-dir", str(run_dir),

@@ -1,5 +1,5 @@
 """Read a checkpoint offline (no process group, any world size): what it holds, and a consolidated backbone
-state dict for evaluation, fine-tuning or timm (`strict=True`)."""
+state dict for evaluation, fine-tuning or timm (`strict=True`), or the whole student net."""
 
 import hashlib
 import warnings
@@ -13,7 +13,9 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from scale.checkpoint.store import CheckpointStore, resolve
 from scale.errors import UserError
 
-WHAT = {"teacher-backbone": "engine.teacher.backbone.", "student-backbone": "engine.student.backbone."}
+# "student": the whole student net (backbone and heads, e.g. a fine-tuned classifier)
+WHAT = {"teacher-backbone": "engine.teacher.backbone.", "student-backbone": "engine.student.backbone.",
+        "student": "engine.student."}
 
 
 def _reader(folder: Path) -> FileSystemReader:

@@ -10,7 +10,7 @@ HELP = {
     "linear": "linear probe on a frozen backbone, a grid of learning rates in one run",
     "logreg": "logistic-regression transfer suite (EsViT C.5)",
     "correspondence": "token correspondence between a center crop and its flipped, jittered view (EsViT C.7)",
-    "finetune": "end-to-end fine-tuning with a new head (DeiT recipe: AdamW, warmup + cosine, mixup/cutmix)",
+    "finetune": "end-to-end fine-tuning: `scale train` of a supervised recipe from the backbone, val accuracy",
 }
 
 
@@ -29,7 +29,8 @@ def register(sub) -> None:
                                help="a data set root holding train/, test/ (and val/) shard directories; repeatable")
             child.add_argument("--reference", metavar="JSON", help="a reference model's results: average and wins")
         if kind == "finetune":
-            child.add_argument("--save", metavar="FILE", help="write the fine-tuned model (.safetensors, rank 0)")
+            child.add_argument("--run-dir", help="the training run (default runs/finetune/<recipe>); an existing "
+                                                 "one continues from its checkpoint")
         child.set_defaults(func=cmd_eval, eval_kind=kind, parser=child)
 
 
@@ -74,6 +75,8 @@ def cmd_eval(args) -> int:
     cfg = build_config(args.recipe, args.overrides, args.model)  # validate before spawning anything
     if args.eval_kind == "knn" and not (args.weights or args.random_init or args.load_features):
         raise UserError("scale eval knn: give --weights FILE, --random-init or --load-features FILE")
+    if args.eval_kind == "finetune":
+        return _finetune(args, cfg)
     suite = _suite(args) if args.eval_kind == "logreg" else None
     if args.nproc > 1 and not already_launched():
         return spawn(args.nproc, argv_of(args.parser, args))
@@ -88,6 +91,20 @@ def cmd_eval(args) -> int:
             print(f"wrote {path}")
     finally:
         shutdown()
+    return 0
+
+
+def _finetune(args, cfg) -> int:
+    from scale.eval import finetune
+    from scale.eval.session import write_json
+
+    overrides = list(args.overrides) + ([f"model.name={args.model}"] if args.model else [])
+    result = finetune.run(cfg, args.recipe, overrides, args.weights, args.run_dir, args.nproc)
+    if isinstance(result, int):
+        return result
+    path = write_json(args.out or "eval/finetune.json", result)
+    Console().print(finetune_table(result))
+    print(f"wrote {path}")
     return 0
 
 
@@ -107,7 +124,7 @@ def _suite(args) -> list[dict]:
 
 
 def _run(args, session, suite) -> dict:
-    from scale.eval import correspondence, finetune, knn, linear, logreg
+    from scale.eval import correspondence, knn, linear, logreg
 
     if args.eval_kind == "knn":
         return knn.run(session, args.save_features, args.load_features)
@@ -115,8 +132,6 @@ def _run(args, session, suite) -> dict:
         return linear.run(session)
     if args.eval_kind == "logreg":
         return logreg.run(session, suite, args.reference)
-    if args.eval_kind == "finetune":
-        return finetune.run(session, args.save)
     return correspondence.run(session)
 
 
@@ -162,9 +177,9 @@ def correspondence_table(result: dict) -> Table:
 
 
 def finetune_table(result: dict) -> Table:
-    table = Table("epoch", "loss", "val top-1 (%)", "val top-5 (%)", title=_title(result))
+    table = Table("epoch", "step", "val top-1 (%)", "val top-5 (%)", title=_title(result))
     for row in result["history"]:
-        table.add_row(str(row["epoch"]), f"{row['loss']:.4f}", f"{row['top1']:.2f}", f"{row['top5']:.2f}")
+        table.add_row(f"{row['epoch']:g}", str(row["step"]), f"{row['top1']:.2f}", f"{row['top5']:.2f}")
     return table
 
 

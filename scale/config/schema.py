@@ -35,6 +35,9 @@ class TrainConfig:
     preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     knn_monitor_every: int = 0  # steps; 0 disables the k-NN monitor
     grad_monitor_every: int = 0  # steps; per-layer gradient norms and spikes (MoCo v3 Fig. 4); 0 disables
+    # methods with a class head (supervised, DRLoc, fine-tuning rows): top-1/top-5 on data.val every this many
+    # epochs and after the last step, into metrics.jsonl and eval/val.json; 0: no validation
+    val_every_epochs: int = 1
     # an exported backbone (`scale ckpt export`, .safetensors or torch) that initialises the student's (and the
     # teacher's) backbone of a fresh run: fine-tuning and transfer rows; ignored when the run resumes
     init_weights: str = ""
@@ -64,18 +67,6 @@ class EvalConfig:
     correspondence_jitter: List[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
     correspondence_grayscale_p: float = 0.2
     correspondence_images: Optional[int] = None  # None: every image of data.val (the paper: 50K ImageNet val)
-    # end-to-end fine-tuning (DeiT recipe: MoCo v3 Table 5, DINO Table 6); batch = eval.batch_size per rank
-    finetune_epochs: int = 100
-    finetune_lr: float = 5e-4  # AdamW, for 512 images, scaled linearly with the global batch (DeiT)
-    finetune_min_lr: float = 1e-5
-    finetune_warmup_epochs: int = 5
-    finetune_warmup_lr: float = 1e-6
-    finetune_weight_decay: float = 0.05  # not on biases and 1-D parameters
-    finetune_drop_path: float = 0.1
-    finetune_mixup: float = 0.8  # mixup alpha (0: off)
-    finetune_cutmix: float = 1.0  # cutmix alpha (0: off)
-    finetune_label_smoothing: float = 0.1
-    finetune_clip_grad: Optional[float] = None  # global grad-norm clip (DeiT: none)
 
 
 @dataclass

@@ -72,9 +72,26 @@ def eval_batches(shard_dir, views_cfg, batch_size: int, rank: int = 0, world_siz
                  seed: int = 0) -> DataLoader:
     """This rank's share of every sample of shard_dir, in batches of at most batch_size (one view per image)."""
     dataset = ShardSamples(shard_dir, views_cfg, seed)
-    mine = torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size))
-    return DataLoader(mine, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=dataset.collate,
-                      persistent_workers=False)
+    return _batches(dataset, range(rank, len(dataset), world_size), batch_size, workers)
+
+
+def lockstep_batches(shard_dir, views_cfg, batch_size: int, rank: int = 0, world_size: int = 1, workers: int = 0,
+                     seed: int = 0) -> tuple[DataLoader, int]:
+    """`eval_batches` with the same number of batches on every rank, for a model sharded over the ranks (FSDP2 or
+    ZeRO-3 gather parameters in every forward, on all ranks together): a share one sample short of the others is
+    padded with a repeat of sample 0. Returns the loader and how many of its leading samples are this rank's own."""
+    dataset = ShardSamples(shard_dir, views_cfg, seed)
+    if len(dataset) == 0:
+        raise UserError(f"{shard_dir}: no samples to evaluate")
+    mine = list(range(rank, len(dataset), world_size))
+    own = len(mine)
+    mine += [0] * (-(-len(dataset) // world_size) - own)
+    return _batches(dataset, mine, batch_size, workers), own
+
+
+def _batches(dataset: ShardSamples, indices, batch_size: int, workers: int) -> DataLoader:
+    return DataLoader(torch.utils.data.Subset(dataset, indices), batch_size=batch_size, shuffle=False,
+                      num_workers=workers, collate_fn=dataset.collate, persistent_workers=False)
 
 
 def dataset_info(shard_dir) -> dict:

@@ -37,10 +37,15 @@ class Method(abc.ABC):
     teacher: nn.Module | None = None
     # backbone features (no grad) of the first view of the last loss() call's images, for the k-NN monitor
     monitor_features: torch.Tensor | None = None
+    classifies = False  # the student ends in a class head: the loop validates it on data.val (`val_logits`)
 
     @abc.abstractmethod
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
         """The scalar loss of one (micro-)batch on this rank and the metrics to log."""
+
+    def val_logits(self, images: torch.Tensor) -> torch.Tensor:
+        """The student's class logits [B, classes], for validation (methods with `classifies`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no class head")
 
     def ema_momentum(self, ctx: StepContext) -> float | None:
         """Teacher EMA momentum after this step; None when there is no teacher."""

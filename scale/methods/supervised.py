@@ -28,6 +28,8 @@ def check_labels(batch: Batch, num_classes: int) -> torch.Tensor:
 
 
 class Supervised(Method):
+    classifies = True
+
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.cfg = sc = cfg.method.supervised
         self.num_classes = cfg.data.num_classes
@@ -52,6 +54,9 @@ class Supervised(Method):
         if targets.dim() == 2:  # mixed soft targets, already label-smoothed by Mixup
             return torch.sum(-targets * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
         return F.cross_entropy(logits.float(), targets, label_smoothing=self.cfg.label_smoothing)
+
+    def val_logits(self, images: torch.Tensor) -> torch.Tensor:
+        return self.student(images)["logits"]
 
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
         images, targets = self.inputs(batch)

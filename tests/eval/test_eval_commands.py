@@ -1,7 +1,6 @@
 """`scale eval ...` on the embedded data with tiny random-init models, checked against direct computations."""
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -194,26 +193,3 @@ def test_bad_input_is_a_user_error(data, tmp_path, capsys):
     assert cli(["eval", "knn", recipe, "--load-features", str(tmp_path / "none.pt")]) == 2
     assert "features file not found" in capsys.readouterr().err
     assert OmegaConf.is_config(load_recipe(recipe))
-
-
-def test_finetune_smoke_and_saved_model_reproduces_the_accuracy(data, tmp_path):
-    from safetensors.torch import load_file
-
-    from scale.eval.finetune import Classifier
-
-    root, recipe = data
-    saved = tmp_path / "finetuned.safetensors"
-    # timm's rand-...-inc1 can ask Pillow for 0-bit posterize (rejected by Pillow >= 10); plain RandAugment here
-    result = run("eval", "finetune", recipe, f"data.train={root}/digits/val", "eval.finetune_epochs=1",
-                 "eval.finetune_warmup_epochs=1", "eval.batch_size=32", "data.views.auto_augment=rand-m9-mstd0.5",
-                 "--random-init", "--save", str(saved), "--out", str(tmp_path / "ft.json"))
-    assert result["lr"] == pytest.approx(5e-4 * 32 / 512) and len(result["history"]) == 1
-    assert math.isfinite(result["history"][0]["loss"])
-    cfg = load_recipe(recipe)
-    model = Classifier(build_backbone(cfg.model, drop_path=0.0), 10)
-    model.load_state_dict(load_file(str(saved)))
-    test_x = ShardSamples(f"{root}/digits/val", eval_views_cfg(cfg.data.views))
-    batch = test_x.collate([test_x[i] for i in range(len(test_x))])
-    with torch.no_grad():
-        top1 = 100.0 * float((model.eval()(batch.crops[0]).argmax(1) == batch.labels).float().mean())
-    assert result["top1"] == pytest.approx(top1, abs=0.3)

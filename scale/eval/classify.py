@@ -1,0 +1,91 @@
+"""Top-1 / top-5 accuracy of a classifier over every sample of a shard directory, every rank in lockstep.
+
+The validation of supervised training (DRLoc, fine-tuning rows): the training loop runs it on its wrapped student,
+which may be sharded, so every rank runs the same number of forwards (`lockstep_batches`) and only its own samples
+are counted.
+"""
+
+import json
+import logging
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from scale.errors import UserError
+from scale.eval.data import dataset_info, eval_views_cfg, lockstep_batches
+from scale.eval.session import write_json
+
+log = logging.getLogger(__name__)
+
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # images [B, 3, H, W] -> logits [B, classes]
+
+
+@torch.no_grad()
+def accuracy(logits_fn: LogitsFn, batches, own: int, device: torch.device) -> dict:
+    """Top-1 / top-5 (%) over the first `own` samples of this rank's batches, summed over the ranks."""
+    counts = torch.zeros(3, dtype=torch.float64, device=device)
+    seen = 0
+    for batch in batches:
+        logits = logits_fn(batch.crops[0].to(device, non_blocking=True)).float()
+        keep = max(0, min(logits.shape[0], own - seen))
+        seen += logits.shape[0]
+        labels = batch.labels[:keep].to(device)
+        if labels.dim() != 1:
+            raise UserError(f"validation needs one class index per image, got labels of shape "
+                            f"{tuple(batch.labels.shape)}")
+        top = logits[:keep].topk(min(5, logits.shape[1]), dim=1).indices
+        counts += torch.stack([(top[:, 0] == labels).sum(), (top == labels[:, None]).any(1).sum(),
+                               torch.tensor(keep, device=device)]).to(torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(counts)
+    if counts[2] == 0:
+        raise UserError("validation: no samples")
+    return {"top1": 100.0 * float(counts[0] / counts[2]), "top5": 100.0 * float(counts[1] / counts[2]),
+            "samples": int(counts[2])}
+
+
+class Validation:
+    """The validation of a run whose method classifies: data.val is checked before training starts, then
+    evaluated every `train.val_every_epochs` epochs and after the last step; each result goes to the step's
+    metrics (val_top1, val_top5) and is appended to eval/val.json in the run directory."""
+
+    def __init__(self, cfg, info, device: torch.device, out: Path):
+        self.cfg, self.info, self.device, self.out = cfg, info, device, out
+        try:
+            data = dataset_info(cfg.data.val)
+        except UserError as err:
+            raise UserError(f"data.val: {err}. Runs with a class head report validation accuracy: build the val "
+                            f"shards, or set train.val_every_epochs=0") from None
+        if data["label_kind"] != "single":
+            raise UserError(f"data.val ({cfg.data.val}): validation needs one class per image, the shards hold "
+                            f"'{data['label_kind']}' labels")
+        if len(data["classes"]) > cfg.data.num_classes:
+            raise UserError(f"data.val ({cfg.data.val}) has {len(data['classes'])} classes, more than "
+                            f"data.num_classes={cfg.data.num_classes}")
+
+    def due(self, done: int, stop: int, steps_per_epoch: int) -> bool:
+        every = self.cfg.train.val_every_epochs * steps_per_epoch
+        return done == stop or done % every == 0
+
+    def __call__(self, method, autocast, step: int, epoch: float) -> dict[str, float]:
+        cfg = self.cfg
+        batches, own = lockstep_batches(cfg.data.val, eval_views_cfg(cfg.data.views), int(cfg.eval.batch_size),
+                                        self.info.rank, self.info.world_size, int(cfg.data.workers), cfg.train.seed)
+        method.student.eval()
+        try:
+            with autocast():
+                result = accuracy(method.val_logits, batches, own, self.device)
+        finally:
+            method.student.train()
+        log.info("validation at step %d: top-1 %.2f%%, top-5 %.2f%% (%d images of %s)", step, result["top1"],
+                 result["top5"], result["samples"], cfg.data.val)
+        if self.info.is_main:
+            self._append({"step": step, "epoch": epoch, **result})
+        return {"val_top1": result["top1"], "val_top5": result["top5"]}
+
+    def _append(self, entry: dict) -> None:
+        history = json.loads(self.out.read_text())["history"] if self.out.exists() else []
+        history = [h for h in history if h["step"] < entry["step"]] + [entry]  # a resumed run redoes later steps
+        write_json(self.out, {"eval": "val", "val": self.cfg.data.val, **entry, "history": history})
