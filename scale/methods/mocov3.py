@@ -43,6 +43,11 @@ def momentum_forward(method: Method, batch: Batch, name: str, per_view_bn: bool)
     """The two global views (the first resolution group) through the student and, without gradient, through the
     momentum encoder (MoCo v2/v3, BYOL)."""
     check_two_views(batch, name)
+    if per_view_bn and method.cfg.bn_in_heads and batch.batch_size < 2:
+        raise UserError(f"{name}: BatchNorm in the heads (method.moco.bn_in_heads) normalises each view over this "
+                        f"rank's images and needs at least 2 per forward, got {batch.batch_size} (train.global_batch "
+                        f"/ ranks / engine.grad_accum); raise the batch, or set method.moco.bn_batching=joint or "
+                        f"method.moco.bn_in_heads=false")
     crops, views = batch.crops[:1], batch.views_per_group[:1]
     online = method.student(crops, views, per_view_bn)
     with torch.no_grad():

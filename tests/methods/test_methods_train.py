@@ -253,6 +253,16 @@ def test_moco_joint_bn_batching_and_momentum_schedule():
         method.loss(make_batch(n_global=3), StepContext(0, 0, STEPS_PER_EPOCH, 300))
 
 
+@pytest.mark.parametrize("variant", ["mocov3", "byol"])
+def test_per_view_bn_heads_with_one_image_per_forward_name_the_setting(variant):
+    method = build(recipe("mocov3", method__moco__variant=variant))
+    ctx = StepContext(step=0, epoch=0, steps_per_epoch=1, total_steps=1)
+    with pytest.raises(UserError, match="needs at least 2 per forward, got 1.*bn_batching=joint"):
+        method.loss(make_batch(batch=1), ctx)
+    joint = build(recipe("mocov3", method__moco__variant=variant, method__moco__bn_batching="joint"))
+    assert torch.isfinite(joint.loss(make_batch(batch=1), ctx)[0])  # two views: two images per BatchNorm
+
+
 def test_supervised_trains_and_mixup_runs():
     method = build(recipe("supervised", method__supervised__mixup=0.0, method__supervised__cutmix=0.0))
     assert_goes_down(train(method, make_batch(n_global=1), 10))
