@@ -74,8 +74,11 @@ class Validation:
         batches, own = lockstep_batches(cfg.data.val, eval_views_cfg(cfg.data.views), int(cfg.eval.batch_size),
                                         self.info.rank, self.info.world_size, int(cfg.data.workers), cfg.train.seed)
         method.student.eval()
+        # the loader draws its seed from the global RNG: fork it, so that validating leaves training's draws
+        # (drop path, mixup) as they would be without it
+        devices = [self.device] if self.device.type == "cuda" else []
         try:
-            with autocast():
+            with torch.random.fork_rng(devices=devices), autocast():
                 result = accuracy(method.val_logits, batches, own, self.device)
         finally:
             method.student.train()

@@ -98,6 +98,20 @@ def test_finetune_is_a_training_run_whose_val_top1_is_the_exported_models(data, 
     assert len(logits.argmax(1).unique()) >= 3
 
 
+def test_validation_leaves_the_training_rng_untouched(data, tmp_path):
+    from scale.engine.dist import detect
+    from scale.eval.classify import Validation
+
+    _, recipe = data
+    cfg = load_recipe(recipe)
+    method = build_method(cfg, 8, 16)
+    validation = Validation(cfg, detect({}), torch.device("cpu"), tmp_path / "val.json")
+    before = torch.get_rng_state()
+    metrics = validation(method, torch.no_grad, step=8, epoch=1.0)
+    assert torch.equal(torch.get_rng_state(), before) and method.student.training
+    assert json.loads((tmp_path / "val.json").read_text())["history"][0]["top1"] == metrics["val_top1"]
+
+
 def test_finetune_needs_a_recipe_with_a_class_head(capsys):
     assert cli(["eval", "finetune", "dino/table2/vit_s16", "--random-init"]) == 2
     assert "has no class head" in capsys.readouterr().err
