@@ -18,14 +18,13 @@ from scale.engine.dist import detect
 from scale.errors import PREEMPTED_EXIT_CODE, UserError
 from scale.eval import knn
 from scale.eval.session import open_session, write_json
+from scale.launch.local import fresh_environment
 from scale.report import write_report
 from scale.rundir import read_metrics
 
 log = logging.getLogger(__name__)
 
 BENCH_STEPS = 6
-LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SCALE_LOCAL_LAUNCH",
-                      faults.ENV)
 
 STORIES = {  # method -> (recipe, embedded data set, which backbone is evaluated)
     "dino": ("demo/dino_tiny", "digits", "teacher-backbone"),
@@ -75,7 +74,7 @@ def run_demo(method: str = "dino", run_dir: str | Path = "runs/demo", steps: int
     run_dir = Path(run_dir).resolve() / method
     data_root = run_dir.parent / "data"
     os.environ["SCALE_DATA"] = str(data_root)  # the demo recipes read their shards from ${SCALE_DATA}
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}  # the demo launches its own ranks
+    env = fresh_environment()  # the demo launches its own ranks
     env["OMP_NUM_THREADS"] = "1"
     env["KINETO_LOG_LEVEL"] = "5"  # the profiled benchmark step would print CUDA probe errors on a CPU machine
     overrides = [f"train.max_steps={steps}"] if steps else []

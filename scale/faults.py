@@ -23,5 +23,6 @@ def spec(point: str, step: int) -> str:
 
 
 def maybe_inject(point: str, step: int) -> None:
-    if os.environ.get(ENV) == spec(point, step):
+    wanted = os.environ.get(ENV)
+    if wanted and wanted == spec(point, step):
         os.kill(os.getpid(), SIGNALS[point])

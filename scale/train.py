@@ -24,7 +24,7 @@ from scale.eval.monitor import KnnMonitor
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss, UserError
 from scale.faults import maybe_inject
 from scale.launch.local import already_launched, spawn
-from scale.methods import build_method, method_class
+from scale.methods import build_method, has_class_head
 from scale.methods.base import StepContext
 from scale.methods.monitors import GradSpikeDetector
 from scale.optim import apply_schedule
@@ -78,9 +78,8 @@ class Trainer:
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
-        classifies = method_class(cfg.method.kind, cfg.method.moco.variant).classifies
         self.validation = (Validation(cfg, info, device, run.root / "eval" / "val.json")  # checks data.val at once
-                           if classifies and cfg.train.val_every_epochs > 0 else None)
+                           if has_class_head(cfg) and cfg.train.val_every_epochs > 0 else None)
         fresh = not CheckpointStore(run.checkpoints).candidates()
         self.build_step(lambda: train_loader(cfg, info), init_weights=cfg.train.init_weights if fresh else "")
         self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, self.method, self.loader)

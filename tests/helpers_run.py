@@ -1,6 +1,5 @@
 """Run `scale train` in real processes for end-to-end tests (CPU, gloo)."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from scale.data.embedded import build
+from scale.launch.local import fresh_environment
 
 TINY = ["train.global_batch=16", "train.log_every=1", "data.views.n_local=[2]", "method.dino.out_dim=64",
         "method.dino.hidden_dim=32", "method.dino.bottleneck_dim=16"]
@@ -24,11 +24,8 @@ def embedded_data(tmp_path_factory) -> Path:
 
 def clean_env(data_root: Path) -> dict:
     """The environment of a fresh `scale` launch reading ${SCALE_DATA}=data_root."""
-    env = dict(os.environ, SCALE_DATA=str(data_root), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    for stale in ("SCALE_FAULT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                  "SCALE_LOCAL_LAUNCH"):  # a launch is fresh even after in-process distributed tests
-        env.pop(stale, None)
-    return env
+    # fresh even after in-process distributed tests exported their process-group variables
+    return dict(fresh_environment(), SCALE_DATA=str(data_root), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 
 
 def run_train(data_root: Path, run_dir: Path, overrides: list[str], nproc: int = 2, fault: str | None = None,

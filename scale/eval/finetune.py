@@ -15,11 +15,11 @@ from omegaconf import DictConfig
 from scale import train
 from scale.engine.dist import detect
 from scale.errors import UserError
-from scale.methods import method_class
+from scale.methods import has_class_head
 
 
 def check_recipe(cfg: DictConfig, recipe: str) -> None:
-    if not method_class(cfg.method.kind, cfg.method.moco.variant).classifies:
+    if not has_class_head(cfg):
         raise UserError(f"scale eval finetune: {recipe} trains method.kind={cfg.method.kind}, which has no class "
                         f"head; fine-tune with a supervised recipe, e.g. mocov3/table5/vit_b_cifar10_mocov3, "
                         f"dino/table6/vit_s16_cifar10 or drloc/table4/swin_cifar10_drloc")
@@ -34,7 +34,8 @@ def run(cfg: DictConfig, recipe: str, overrides: list[str], weights: str | None,
     preempted run returns PREEMPTED_EXIT_CODE: run the same command again to continue it)."""
     check_recipe(cfg, recipe)
     run_dir = Path(run_dir or Path("runs") / "finetune" / cfg.meta.name)
-    init = f"train.init_weights={Path(weights).resolve()}" if weights else "train.init_weights=''"  # --random-init: none
+    # --random-init clears the recipe's own init_weights
+    init = f"train.init_weights={Path(weights).resolve()}" if weights else "train.init_weights=''"
     status = train.main(recipe, [*overrides, init], str(run_dir), nproc)
     if status != 0 or not detect().is_main:
         return status

@@ -9,9 +9,18 @@ import subprocess
 import sys
 import time
 
+from scale import faults
 from scale.engine.dist import free_port
 
 LAUNCH_MARK = "SCALE_LOCAL_LAUNCH"
+# what a new launch must not inherit from its caller: a process group's variables and the launch mark (they would
+# make it join the caller's group, or skip spawning), and a fault meant for another run
+INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", LAUNCH_MARK, faults.ENV)
+
+
+def fresh_environment() -> dict[str, str]:
+    """This process's environment without the INHERITED variables."""
+    return {k: v for k, v in os.environ.items() if k not in INHERITED}
 
 
 def already_launched() -> bool:

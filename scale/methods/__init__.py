@@ -28,6 +28,11 @@ def method_class(kind: str, variant: str = "mocov3"):
     return {"dino": dino.Dino, "esvit": esvit.Esvit, "drloc": drloc.Drloc, "supervised": supervised.Supervised}[kind]
 
 
+def has_class_head(cfg) -> bool:
+    """Whether recipe `cfg`'s method ends in a class head (the training loop validates it on data.val)."""
+    return method_class(cfg.method.kind, cfg.method.moco.variant).classifies
+
+
 def build_method(cfg, steps_per_epoch: int, total_steps: int, device: torch.device | str | None = None,
                  backbone_fn=None):
     """The Method of recipe `cfg`, its modules built on `device` ("meta": the engine allocates and initialises them

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from scale.checkpoint.export import export
 from scale.cli import main as cli
@@ -28,7 +29,9 @@ data:
   val: {root}/digits/val
   num_classes: 10
   workers: 0
-  views: {{global_size: 32, eval_resize: 32, eval_crop: 32, auto_augment: '', random_erase_p: 0.0, global_scale: [0.6, 1.0]}}
+  views:
+    {{global_size: 32, global_scale: [0.6, 1.0], eval_resize: 32, eval_crop: 32, auto_augment: '',
+     random_erase_p: 0.0}}
 optim: {{lr: 3.0e-3, ref_batch: 32, warmup_epochs: 0, weight_decay: 0.0, weight_decay_end: 0.0}}
 engine: {{kind: fsdp2, precision: fp32}}
 train: {{epochs: 2, global_batch: 32, samples_per_epoch: 256, log_every: 4}}
@@ -86,7 +89,6 @@ def test_finetune_is_a_training_run_whose_val_top1_is_the_exported_models(data, 
     cfg = load_recipe(recipe)
     student = build_method(cfg, 8, 16).student
     weights = export(run_dir, "student", "safetensors", tmp_path / "student.safetensors")
-    from safetensors.torch import load_file
     student.load_state_dict(load_file(str(weights)))
     samples = ShardSamples(root / "digits" / "val", eval_views_cfg(cfg.data.views))
     batch = samples.collate([samples[i] for i in range(len(samples))])
