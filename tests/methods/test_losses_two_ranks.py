@@ -38,6 +38,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
                   "simclr": nt_xent(half["z1"], half["z2"], 0.5),
                   "sinkhorn": sinkhorn_knopp(half["scores"], 0.5, 3)}
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # a rank that tears gloo down while its peer still works aborts (SIGABRT) at exit
     finally:
         dist.destroy_process_group()
 
