@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scale.engine.activation import apply_activation_checkpointing
 from scale.engine.base import Engine
+from scale.engine.convert import convert_modules
 from scale.engine.dist import DistInfo
 from scale.engine.ema import copy_student_to_teacher, ema_update
 from scale.engine.materialize import is_meta, materialize
@@ -124,11 +124,7 @@ class DeepSpeedEngine(Engine):
             broadcast_module(module)
         if meta and method.teacher is not None:
             copy_student_to_teacher(method.teacher, method.student)
-        if self.device.type == "cuda" and self.dist_info.world_size > 1 and self.cfg.sync_bn:
-            method.student = nn.SyncBatchNorm.convert_sync_batchnorm(method.student)
-            if method.teacher is not None:
-                method.teacher = nn.SyncBatchNorm.convert_sync_batchnorm(method.teacher)
-        apply_activation_checkpointing(method.student, self.cfg.activation_checkpointing, self.cfg.ac_every_n)
+        convert_modules(method, self.cfg, self.precision, self.dist_info.world_size)
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         client = build_optimizer(groups, self.optim_cfg, self.device, sharded=True)
         self.ds, self.optimizer, _, _ = deepspeed.initialize(

@@ -10,9 +10,9 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
-from scale.engine.activation import apply_activation_checkpointing
 from scale.engine.base import Engine
 from scale.engine.clip import CLIP_MODES, clip_gradients
+from scale.engine.convert import convert_modules
 from scale.engine.dist import DistInfo
 from scale.engine.ema import ema_update
 from scale.engine.materialize import is_meta
@@ -79,11 +79,7 @@ class TorchEngine(Engine):
             for module in self.modules():
                 module.to(self.device)
                 broadcast_module(module)
-        if self.device.type == "cuda" and self.dist_info.world_size > 1 and self.cfg.sync_bn:
-            method.student = nn.SyncBatchNorm.convert_sync_batchnorm(method.student)
-            if method.teacher is not None:
-                method.teacher = nn.SyncBatchNorm.convert_sync_batchnorm(method.teacher)
-        apply_activation_checkpointing(method.student, self.cfg.activation_checkpointing, self.cfg.ac_every_n)
+        convert_modules(method, self.cfg, self.precision, self.dist_info.world_size)
         self.wrap(method, meta)
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         self.optimizer = build_optimizer(groups, self.optim_cfg, self.device, sharded=self.sharded)
