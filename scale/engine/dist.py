@@ -10,6 +10,7 @@ import random
 import re
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,7 +117,12 @@ _EXPORTED: dict[str, str | None] = {}  # variable -> its value before init_distr
 
 
 def shutdown() -> None:
+    """Leave the process group. On the success path every rank first waits for the others: a gloo rank that tears
+    down while a peer still works (rank 0 writing results) can abort with SIGABRT. Called from a `finally` while
+    an exception propagates, it does not wait, as a failed peer may never arrive (the launcher stops the others)."""
     if dist.is_initialized():
+        if sys.exc_info()[0] is None:
+            dist.barrier()
         dist.destroy_process_group()
     for key, before in _EXPORTED.items():
         if before is None:

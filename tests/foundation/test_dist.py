@@ -1,4 +1,4 @@
-"""Distributed bootstrap: one code path for torchrun, Slurm srun and a single process (2 gloo processes)."""
+"""Distributed bootstrap and teardown: one code path for torchrun, Slurm srun and a single process (2 gloo processes)."""
 
 import json
 import os
@@ -9,6 +9,7 @@ from pathlib import Path
 from scale.engine.dist import detect, first_host, free_port
 
 WORKER = str(Path(__file__).with_name("allreduce_worker.py"))
+SHUTDOWN_WORKER = str(Path(__file__).with_name("shutdown_worker.py"))
 
 
 def _clean_env() -> dict:
@@ -23,10 +24,14 @@ def _results(outputs: list[str]) -> list[dict]:
     return sorted(rows, key=lambda r: r["rank"])
 
 
-def test_torchrun_two_gloo_processes_all_reduce():
+def _torchrun(script: str, *args: str) -> subprocess.CompletedProcess:
     torchrun = Path(sys.executable).with_name("torchrun")
-    out = subprocess.run([str(torchrun), "--nproc_per_node=2", f"--master_port={free_port()}", WORKER],
-                         env=_clean_env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run([str(torchrun), "--nproc_per_node=2", f"--master_port={free_port()}", script, *args],
+                          env=_clean_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_torchrun_two_gloo_processes_all_reduce():
+    out = _torchrun(WORKER)
     assert out.returncode == 0, out.stderr
     rows = _results([out.stdout])
     assert [r["rank"] for r in rows] == [0, 1]
@@ -69,3 +74,15 @@ def test_first_host_of_node_lists():
     assert first_host("node17") == "node17"
     assert first_host("gpu[010-012,020]") == "gpu010"
     assert first_host("a[1,3],b2") == "a1"
+
+
+def test_shutdown_waits_for_the_peer_on_success(tmp_path):
+    out = _torchrun(SHUTDOWN_WORKER, "success", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert [r["peer_done_at_exit"] for r in _results([out.stdout])] == [True, True]
+
+
+def test_shutdown_does_not_wait_while_an_exception_propagates(tmp_path):
+    out = _torchrun(SHUTDOWN_WORKER, "failure", str(tmp_path))
+    rows = _results([out.stdout])
+    assert rows and rows[0] == {"rank": 0, "peer_left": True}, out.stderr

@@ -166,7 +166,7 @@ def test_gpu_job_runs_one_task_per_gpu_with_nccl_defaults(recipe, tmp_path, monk
                  "--time=2-00:00:00"):
         assert f"#SBATCH {line}\n" in text
     assert "NCCL_DEBUG=${NCCL_DEBUG:-WARN}" in text
-    assert "srun --cpus-per-task=10 " in text
+    assert "srun --kill-on-bad-exit=1 --cpus-per-task=10 " in text
 
 
 def test_quoting_the_tasks_get_exactly_the_recipe_overrides_and_run_dir(recipe, tmp_path, fake_slurm):
@@ -177,8 +177,8 @@ def test_quoting_the_tasks_get_exactly_the_recipe_overrides_and_run_dir(recipe, 
     out = run_script(script, fake_slurm, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     call = srun_call(fake_slurm)
-    assert call["argv"] == [sys.executable, "-m", "scale.cli", "train", str(recipe), *overrides,
-                            "--run-dir", str(run_dir)]
+    assert call["argv"] == ["--kill-on-bad-exit=1", sys.executable, "-m", "scale.cli", "train", str(recipe),
+                            *overrides, "--run-dir", str(run_dir)]
     assert not (tmp_path / "PWNED").exists()
     # rendezvous on the first node, port from the job id as scale.engine.dist.slurm_port computes it
     from scale.engine.dist import slurm_port
@@ -275,7 +275,7 @@ def test_sweep_is_one_array_task_and_run_directory_per_override_set(recipe, tmp_
         assert task_dir.is_dir()  # Slurm opens the task's stdout there before the script starts
         out = run_script(script, fake_slurm, cwd=tmp_path, SLURM_ARRAY_TASK_ID=str(index))
         assert out.returncode == 0, out.stderr
-        assert srun_call(fake_slurm)["argv"][5:] == ["train.max_steps=5", *extra, "--run-dir", str(task_dir)]
+        assert srun_call(fake_slurm)["argv"][6:] == ["train.max_steps=5", *extra, "--run-dir", str(task_dir)]
     # each override set reads back with the intended types
     from scale.config import load_recipe
     assert load_recipe(str(recipe), expected[2]).meta.notes == "1e-3"
