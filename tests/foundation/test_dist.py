@@ -1,4 +1,4 @@
-"""Distributed bootstrap and teardown: one code path for torchrun, Slurm srun and a single process (2 gloo processes)."""
+"""Distributed bootstrap and teardown: one code path for torchrun, Slurm srun and one process (2 gloo processes)."""
 
 import json
 import os
