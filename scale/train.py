@@ -20,13 +20,12 @@ from scale.data.batch import split_batch
 from scale.engine import build_engine
 from scale.engine.dist import DistInfo, init_distributed, seed_everything, shutdown
 from scale.eval.classify import Validation
-from scale.eval.monitor import KnnMonitor
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss, UserError
 from scale.faults import maybe_inject
 from scale.launch.local import already_launched, spawn
 from scale.methods import build_method, has_class_head
 from scale.methods.base import StepContext
-from scale.methods.monitors import GradSpikeDetector
+from scale.monitors import Monitors
 from scale.optim import apply_schedule
 from scale.preemption import Preemption
 from scale.progress import progress_bar
@@ -82,7 +81,8 @@ class Trainer:
                            if has_class_head(cfg) and cfg.train.val_every_epochs > 0 else None)
         fresh = not CheckpointStore(run.checkpoints).candidates()
         self.build_step(lambda: train_loader(cfg, info), init_weights=cfg.train.init_weights if fresh else "")
-        self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, self.method, self.loader)
+        self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, self.method, self.loader,
+                                         self.monitors)
         self.metrics = MetricsWriter(run, info.is_main)
         self.preemption = Preemption(list(cfg.train.preempt_signals))
 
@@ -111,8 +111,7 @@ class Trainer:
             load_backbone_weights(self._modules(), init_weights, sharded=True)
         self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
         self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
-        self.knn_monitor = None  # built at the first step that has features (their width is known then)
-        self.grad_monitor = GradSpikeDetector()
+        self.monitors = Monitors(cfg, self.device)
 
     def _modules(self) -> list:
         return [m for m in (self.method.student, self.method.teacher) if m is not None]
@@ -187,29 +186,17 @@ class Trainer:
                 self.engine.backward(loss)
             for key, value in {"loss": loss.item(), **metrics}.items():
                 totals[key] = totals.get(key, 0.0) + float(value) / len(micro_batches)
-        every = self.cfg.train.grad_monitor_every
-        if every and (step + 1) % every == 0:  # before the step: gradients are zeroed after it
-            totals.update(self.grad_monitor(self.method.student))
+        totals.update(self.monitors.after_backward(step, self.method.student))  # gradients are zeroed by the step
         with self.phase("optimizer"):
             totals.update(self.engine.step(self.method.frozen_params(ctx)))
             momentum = self.method.ema_momentum(ctx)
             if momentum is not None:
                 self.engine.ema(momentum)
         step_time = time.perf_counter() - started
-        totals.update(self._monitor(step, batch))
+        totals.update(self.monitors.after_step(step, self.method.monitor_features, batch.labels))
         return {**totals, "lr": lr, "weight_decay": wd, "epoch": ctx.epoch, "step_time_s": step_time,
                 "images_per_s": self.cfg.train.global_batch / step_time,
                 **({"teacher_momentum": momentum} if momentum is not None else {})}
-
-    def _monitor(self, step: int, batch) -> dict:
-        """MoCo v3's k-NN monitor: a queue of this run's training features, k-NN accuracy every N steps."""
-        every, features = self.cfg.train.knn_monitor_every, self.method.monitor_features
-        if not every or features is None or batch.labels.dim() != 1:
-            return {}
-        if self.knn_monitor is None:
-            self.knn_monitor = KnnMonitor.from_config(self.cfg, features.shape[1], self.device)
-        self.knn_monitor.update(features.float(), batch.labels)
-        return {"knn_monitor_top1": self.knn_monitor.accuracy()} if (step + 1) % every == 0 else {}
 
     def _check_finite(self, loss: torch.Tensor, step: int, batch) -> None:
         """Every rank learns whether any rank's loss is non-finite, before any update is applied."""

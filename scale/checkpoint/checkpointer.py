@@ -1,5 +1,5 @@
 """Save and resume everything a run needs: engine state (student, teacher, optimizer, loss scaler), method state
-(centers, queues), the loader's global sample position, the step, and every rank's RNG.
+(centers, queues), the loader's global sample position, the step, every rank's RNG and the loop's monitors.
 
 DDP and FSDP2 go through torch.distributed.checkpoint (sharded files, loadable on another world size); DeepSpeed
 writes its own files. Either way the step directory is sealed by CheckpointStore, so a kill mid-write is harmless.
@@ -22,6 +22,7 @@ from scale.errors import UserError
 from scale.faults import maybe_inject
 
 log = logging.getLogger(__name__)
+MONITORS_FILE = "monitors.pt"
 
 
 def _barrier() -> None:
@@ -38,9 +39,10 @@ def _broadcast(value):
 
 
 class Checkpointer:
-    def __init__(self, root: Path, cfg: DictConfig, info: DistInfo, engine, method, loader):
+    def __init__(self, root: Path, cfg: DictConfig, info: DistInfo, engine, method, loader, monitors):
         self.store = CheckpointStore(root)
         self.cfg, self.info, self.engine, self.method, self.loader = cfg, info, engine, method, loader
+        self.monitors = monitors
         self._pending = None  # (step, future, meta) of an async save not yet sealed
         # async saves run collectives from a background thread: they get a process group of their own, so they
         # never interleave with the training step's collectives on the main group (which hangs gloo)
@@ -68,6 +70,9 @@ class Checkpointer:
                 "samples_seen": self.loader.state_dict().get("position")}
         (staging / "rng").mkdir(exist_ok=True)
         torch.save(rng.capture(), staging / "rng" / f"rank{self.info.rank}.pt")
+        monitors = self.monitors.state_dict()  # a collective; then the same on every rank
+        if self.info.is_main:
+            torch.save(monitors, staging / MONITORS_FILE)
         if self.engine.native_checkpoint:
             self.engine.save_native(staging / "engine")
             if self.info.is_main:
@@ -149,6 +154,8 @@ class Checkpointer:
         self.method.load_state_dict(run_state["method"])
         self.loader.load_state_dict(run_state["loader"])
         self._restore_rng(folder, meta)
+        if (folder / MONITORS_FILE).exists():  # checkpoints written before the monitors were saved lack it
+            self.monitors.load_state_dict(torch.load(folder / MONITORS_FILE, weights_only=True))
         return int(run_state["step"])
 
     def _check_native_world_size(self, folder: Path, meta: dict) -> None:

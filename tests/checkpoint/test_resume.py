@@ -12,13 +12,20 @@ from scale.errors import PREEMPTED_EXIT_CODE
 from tests.helpers_run import TINY, embedded_data, run_train  # noqa: F401
 
 STEPS = 6
-OVERRIDES = TINY + [f"train.max_steps={STEPS}", "train.ckpt_every_steps=2", "model.drop_path=0.1",
-                    "train.keep_last=10"]
+# the monitors every step: a resumed run must report what the uninterrupted one did (their state is checkpointed)
+COMMON = TINY + ["train.ckpt_every_steps=2", "model.drop_path=0.1", "train.keep_last=10",
+                 "train.knn_monitor_every=1", "train.grad_monitor_every=1"]
+OVERRIDES = COMMON + [f"train.max_steps={STEPS}"]
+MONITORED = ("knn_monitor_top1", "grad_norm_max_layer")
+
+
+def metric(run_dir, key: str = "loss") -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row[key] for row in rows if key in row}
 
 
 def losses(run_dir) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {row["step"]: row["loss"] for row in rows}
+    return metric(run_dir)
 
 
 def final_state(run_dir) -> dict[str, torch.Tensor]:
@@ -51,6 +58,8 @@ def test_killed_run_resumes_bit_identical(embedded_data, reference, tmp_path, fa
     assert_same_state(final_state(reference), final_state(tmp_path))
     ref_losses, our_losses = losses(reference), losses(tmp_path)
     assert all(our_losses[s] == ref_losses[s] for s in our_losses), "a resumed step saw other samples"
+    for key in MONITORED:  # metrics.jsonl keeps both attempts' lines: the resumed run's come last
+        assert metric(tmp_path, key) == metric(reference, key), key
 
 
 def test_preemption_signal_checkpoints_and_exits_for_requeue(embedded_data, tmp_path):  # noqa: F811
@@ -85,14 +94,12 @@ def test_fsdp2_checkpoint_resumes_on_another_world_size(embedded_data, reference
 
     shutil.copytree(reference, tmp_path, dirs_exist_ok=True)
     saved = final_state(tmp_path)
-    out = run_train(embedded_data, tmp_path, TINY + [f"train.max_steps={STEPS}", "model.drop_path=0.1",
-                                                     "train.ckpt_every_steps=2", "train.keep_last=10"], nproc=world)
+    out = run_train(embedded_data, tmp_path, OVERRIDES, nproc=world)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resumed from" in out.stderr
     # nothing left to train: the re-saved state is the loaded state, exactly
     assert_same_state(saved, final_state(tmp_path))
-    more = run_train(embedded_data, tmp_path, TINY + [f"train.max_steps={STEPS + 2}", "model.drop_path=0.1",
-                                                      "train.ckpt_every_steps=2", "train.keep_last=10"], nproc=world)
+    more = run_train(embedded_data, tmp_path, COMMON + [f"train.max_steps={STEPS + 2}"], nproc=world)
     assert more.returncode == 0, more.stderr[-3000:]
     assert max(losses(tmp_path)) == STEPS + 2
 

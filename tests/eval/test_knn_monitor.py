@@ -117,3 +117,21 @@ def test_monitor_keeps_newest_rows_of_an_oversized_batch():
     assert monitor.filled == 3
     assert sorted(monitor.labels.tolist()) == [0, 0, 1]
 
+
+
+def test_monitor_resumed_from_its_state_reports_what_the_original_does():
+    """A checkpoint taken between two accuracy() calls: the queue and the pending counts carry over."""
+    g = torch.Generator().manual_seed(4)
+    batches = [clustered(12, 3, 8, g, noise=1.5) for _ in range(6)]
+    original = KnnMonitor(20, 8, 3, k=5)
+    for feats, labels in batches[:3]:
+        original.update(feats, labels)
+    resumed = KnnMonitor(20, 8, 3, k=5)
+    resumed.load_state_dict(original.state_dict())
+    for feats, labels in batches[3:]:
+        original.update(feats, labels)
+        resumed.update(feats, labels)
+    accuracy = original.accuracy()
+    assert accuracy is not None and resumed.accuracy() == accuracy
+    with pytest.raises(UserError, match="knn_monitor_queue"):
+        KnnMonitor(30, 8, 3).load_state_dict(original.state_dict())
