@@ -143,8 +143,7 @@ class Checkpointer:
             raise UserError(f"{folder} was written by engine '{meta['engine']}', this run uses "
                             f"'{self.cfg.engine.kind}': resume with engine.kind={meta['engine']}")
         if self.engine.native_checkpoint:
-            self._check_native_world_size(folder, meta)
-            self.engine.load_native(folder / "engine")
+            self.engine.load_native(folder / "engine", meta["world_size"])
             run_state = torch.load(folder / "run_state.pt", weights_only=True)
         else:
             state = {"engine": self.engine.state_dict(), "run": self._run_state(0)}
@@ -157,14 +156,6 @@ class Checkpointer:
         if (folder / MONITORS_FILE).exists():  # checkpoints written before the monitors were saved lack it
             self.monitors.load_state_dict(torch.load(folder / MONITORS_FILE, weights_only=True))
         return int(run_state["step"])
-
-    def _check_native_world_size(self, folder: Path, meta: dict) -> None:
-        if meta["world_size"] != self.info.world_size:
-            raise UserError(
-                f"{folder}: a DeepSpeed checkpoint from {meta['world_size']} ranks cannot be loaded on "
-                f"{self.info.world_size} ranks (DeepSpeed re-partitions only through its universal checkpoint "
-                f"format, which scale does not load yet). Resume on {meta['world_size']} ranks, or use "
-                f"engine.kind=fsdp2, whose checkpoints load on any number of ranks.")
 
     def _restore_rng(self, folder: Path, meta: dict) -> None:
         own = folder / "rng" / f"rank{self.info.rank}.pt"

@@ -61,7 +61,7 @@ class Engine(abc.ABC):
     # Engines whose state goes through torch.distributed.checkpoint (DDP, FSDP2) return DCP-ready nested dicts
     # here (torch.distributed.checkpoint.state_dict.get_state_dict / set_state_dict), keyed "student", "teacher",
     # "optimizer". DeepSpeed writes its own files instead: it sets native_checkpoint = True and implements
-    # save_native(folder) / load_native(folder).
+    # save_native(folder) / load_native(folder, saved_world_size).
     native_checkpoint: bool = False
 
     def state_dict(self) -> dict:
@@ -73,7 +73,7 @@ class Engine(abc.ABC):
     def save_native(self, folder) -> None:
         raise NotImplementedError(f"{type(self).__name__} checkpoints through DCP: use state_dict")
 
-    def load_native(self, folder) -> None:
+    def load_native(self, folder, saved_world_size: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} checkpoints through DCP: use load_state_dict")
 
     @abc.abstractmethod

@@ -18,10 +18,13 @@ optimizer is a torch optimizer from scale.optim with the same parameter groups a
   once unfrozen its bias correction is that of the group.
 - LARS and LAMB compute trust ratios per tensor, which DeepSpeed's flat partitions would turn into one ratio per
   partition: they are refused (use ddp or fsdp2).
-- Checkpoints are DeepSpeed's own (`save_native` / `load_native`), loadable on the same world size only.
+- Checkpoints are DeepSpeed's own (`save_native` / `load_native`). ZeRO-1/2 checkpoints also resume on another
+  world size, through DeepSpeed's universal checkpoint format (converted on first use); ZeRO-3 ones do not.
 """
 
+import argparse
 import os
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -89,6 +92,25 @@ def share_fp32_master(zero_optimizer) -> int:
             freed += nbytes(master)
             master.data = weights.data
     return freed
+
+
+def universal_folder(folder: Path) -> Path:
+    """DeepSpeed's universal form of the checkpoint in `folder` (`folder`/universal, converted by rank 0 on first
+    use, through a temporary folder so that a kill leaves nothing half-written). A collective."""
+    out = folder / "universal"
+    if dist.get_rank() == 0 and not out.exists():
+        from deepspeed.checkpoint.ds_to_universal import main as to_universal
+
+        partial = folder / f"universal.partial-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        # the arguments of DeepSpeed's ds_to_universal command; one worker each: small, and no fork inside a run
+        to_universal(argparse.Namespace(input_folder=str(folder / CHECKPOINT_TAG),
+                                        output_folder=str(partial / CHECKPOINT_TAG), num_extract_workers=1,
+                                        num_merge_workers=1, keep_temp_folder=False, strict=True,
+                                        inject_missing_state=False))
+        os.replace(partial, out)
+    dist.barrier()
+    return out
 
 
 class DeepSpeedEngine(Engine):
@@ -284,13 +306,44 @@ class DeepSpeedEngine(Engine):
             self.save_teacher(folder)
         dist.barrier()
 
-    def load_native(self, folder) -> None:
+    def load_native(self, folder, saved_world_size: int) -> None:
+        """On the saving world size, DeepSpeed's own load; on another (ZeRO-1/2), through its universal checkpoint
+        format, converted once beside the checkpoint."""
         folder = Path(folder)
-        path, _ = self.ds.load_checkpoint(str(folder), tag=CHECKPOINT_TAG)
+        elastic = saved_world_size != self.dist_info.world_size
+        if elastic and self.stage == 3:
+            raise UserError(
+                f"{folder}: a ZeRO-3 checkpoint from {saved_world_size} ranks cannot be resumed exactly on "
+                f"{self.dist_info.world_size} (DeepSpeed's universal load restores weights and moments, yet the "
+                f"next update differs from the uninterrupted run's). Resume on {saved_world_size} ranks, or train "
+                f"with engine.kind=fsdp2, whose checkpoints load on any number of ranks.")
+        groups = self.ds.optimizer.optimizer.param_groups
+        before = [dict(group) for group in groups]
+        self.ds._config.load_universal_checkpoint = elastic
+        try:
+            path, _ = self.ds.load_checkpoint(str(universal_folder(folder) if elastic else folder), tag=CHECKPOINT_TAG)
+        finally:
+            self.ds._config.load_universal_checkpoint = False
+        for group, kept in zip(groups, before):  # a universal load copies the saved groups' settings; ours come
+            group.clear()                        # from the recipe
+            group.update(kept)
         if path is None:
             raise UserError(f"{folder}: no DeepSpeed checkpoint (tag '{CHECKPOINT_TAG}') found")
+        if elastic:
+            self._load_student_buffers(folder)
         if self.method.teacher is not None:
             self.load_teacher(folder)
+
+    def _load_student_buffers(self, folder: Path) -> None:
+        """The universal format carries parameters only: buffers (BatchNorm statistics) come from rank 0's model
+        states, as DCP keeps one copy of replicated buffers."""
+        first = sorted((folder / CHECKPOINT_TAG).glob("*model_states.pt"))[0]
+        saved = torch.load(first, map_location=self.device, weights_only=True)["module"]
+        with torch.no_grad():
+            for name, buffer in self.ds.module.named_buffers():
+                if name not in saved:
+                    raise UserError(f"{first}: no entry for buffer '{name}'")
+                buffer.copy_(saved[name])
 
     def teacher_state(self) -> dict[str, torch.Tensor]:
         module = self.teacher_module()

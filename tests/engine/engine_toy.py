@@ -190,9 +190,10 @@ def build(engine_kw: dict, optim_kw: dict, method_kw: dict | None = None):
 
 
 def engine_run(engine_kw: dict, optim_kw: dict, steps: int = STEPS, start: int = 0, load_from: str | None = None,
-               save_to: str | None = None, method_kw: dict | None = None) -> dict:
+               save_to: str | None = None, method_kw: dict | None = None, saved_world: int | None = None) -> dict:
     """Train steps start..steps-1 on this rank's share of each global batch; optionally resume from / save to a
-    checkpoint as scale/checkpoint does (DCP state, or the engine's native files)."""
+    checkpoint as scale/checkpoint does (DCP state, or the engine's native files, written by `saved_world` ranks:
+    by default this run's)."""
     import torch.distributed.checkpoint as dcp
 
     from scale.engine.dist import detect
@@ -201,7 +202,7 @@ def engine_run(engine_kw: dict, optim_kw: dict, steps: int = STEPS, start: int =
     info = detect()
     method, engine = build(engine_kw, optim_kw, method_kw)
     if load_from and engine.native_checkpoint:
-        engine.load_native(load_from)
+        engine.load_native(load_from, saved_world or info.world_size)
     elif load_from:
         state = engine.state_dict()
         dcp.load(state, checkpoint_id=load_from)
@@ -270,6 +271,14 @@ def resume_job(engine_kw: dict, folder: str, split: int, method_kw: dict | None 
     first = engine_run(engine_kw, {}, steps=split, save_to=folder, method_kw=method_kw)
     rest = engine_run(engine_kw, {}, start=split, load_from=folder, method_kw=method_kw)
     return {**rest, "losses": first["losses"] + rest["losses"]}
+
+
+def load_and_finish(engine_kw: dict, folder: str, start: int, saved_world: int, method_kw: dict | None = None,
+                    steps: int = STEPS) -> dict:
+    """A fresh method and engine load the checkpoint that `saved_world` ranks wrote after `start` steps and run
+    steps start..steps-1 (none when steps == start: the loaded state)."""
+    return engine_run(engine_kw, {}, steps=steps, start=start, load_from=folder, saved_world=saved_world,
+                      method_kw=method_kw)
 
 
 def all_ranks(value):

@@ -1,11 +1,12 @@
 """DeepSpeed ZeRO 1/2/3 on 2 gloo processes (DS_ACCELERATOR=cpu): parity with the single-process reference,
 clipping, gradient accumulation, bf16, activation checkpointing, the frozen last layer, the partitioned EMA
-teacher, memory per rank and DeepSpeed's own checkpoints."""
+teacher, memory per rank and DeepSpeed's own checkpoints (ZeRO-1/2 also resumed on another world size)."""
 
 import pytest
 import torch
 
-from engine_toy import FROZEN_STEPS, LR, ToyMethod, many, reference_run, resume_job, run_jobs, spawn
+from engine_toy import (FROZEN_STEPS, LR, ToyMethod, load_and_finish, many, reference_run, resume_job, run_jobs,
+                        spawn)
 from test_engine_parity import PARAM_NAMES, assert_same_run
 
 pytest.importorskip("deepspeed")
@@ -28,9 +29,9 @@ def ds_runs(tmp_path_factory):
             ("z3_frozen", zero(3), {}, {"steps": FROZEN_STEPS, "method_kw": {}})]
     tmp = tmp_path_factory.mktemp("ds")
     calls = [(run_jobs, jobs, {"method_kw": NO_FREEZE})]
-    calls += [(resume_job, zero(stage), str(tmp / f"ckpt{stage}"), 3, NO_FREEZE) for stage in (1, 3)]
-    runs, resumed_z1, resumed_z3 = spawn(many, calls, world=2, tmp_path=tmp)
-    return {**runs, "resumed_z1": resumed_z1, "resumed_z3": resumed_z3, "tmp": tmp}
+    calls += [(resume_job, zero(stage), str(tmp / f"ckpt{stage}"), 3, NO_FREEZE) for stage in (1, 2, 3)]
+    runs, *resumed = spawn(many, calls, world=2, tmp_path=tmp)
+    return {**runs, **{f"resumed_z{stage}": run for stage, run in zip((1, 2, 3), resumed)}, "tmp": tmp}
 
 
 @pytest.mark.parametrize("label", ["z1", "z2", "z3"])
@@ -81,3 +82,19 @@ def test_native_checkpoint_resumes_exactly(ds_runs, stage):
     # 3 steps, save, a fresh method and engine load and run steps 3..4
     assert_same_run(ds_runs[f"resumed_z{stage}"], reference_run({}, method_kw=NO_FREEZE))
     assert (ds_runs["tmp"] / f"ckpt{stage}" / "state").is_dir()
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_native_checkpoint_resumes_on_one_rank(ds_runs, stage, tmp_path):
+    """The 2-rank checkpoint after 3 steps, loaded on 1 rank (DeepSpeed's universal format), then steps 3..4 with
+    2 micro-batches (BatchNorm sees the same half batches as on 2 ranks): the reference run."""
+    folder = str(ds_runs["tmp"] / f"ckpt{stage}")
+    rest = spawn(load_and_finish, zero(stage, grad_accum=2), folder, 3, 2, NO_FREEZE, world=1, tmp_path=tmp_path)
+    run = {**rest, "losses": ds_runs[f"resumed_z{stage}"]["losses"][:3] + rest["losses"]}
+    assert_same_run(run, reference_run({}, method_kw=NO_FREEZE))
+    assert (ds_runs["tmp"] / f"ckpt{stage}" / "universal" / "state" / "zero").is_dir()  # converted once, kept
+
+
+def test_zero3_checkpoint_on_another_world_size_is_refused(ds_runs, tmp_path):
+    with pytest.raises(Exception, match="ZeRO-3 checkpoint from 2 ranks cannot be resumed exactly on 1"):
+        spawn(load_and_finish, zero(3), str(ds_runs["tmp"] / "ckpt3"), 3, 2, NO_FREEZE, world=1, tmp_path=tmp_path)
