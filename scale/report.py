@@ -72,8 +72,8 @@ def markdown_table(runs: list[dict]) -> str:
         knn = run["evals"].get("knn_after", run["evals"].get("knn", {})).get("top1")
         val = run["evals"].get("val", {}).get("top1")
         lines.append(f"| {meta.name} | {meta.paper} | {meta.table} | {meta.row} | {reported} | {_fmt(knn)} | "
-                     f"{_fmt(val)} | "
-                     f"{_fmt(_last(run['metrics'], 'loss'))} | {_fmt(_last(run['metrics'], 'images_per_s'))} |")
+                     f"{_fmt(val)} | {_fmt(_last(run['metrics'], 'loss'))} | "
+                     f"{_fmt(_last(run['metrics'], 'images_per_s'))} |")
     return "\n".join(lines)
 
 

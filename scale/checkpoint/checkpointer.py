@@ -154,7 +154,7 @@ class Checkpointer:
         self.loader.load_state_dict(run_state["loader"])
         self._restore_rng(folder, meta)
         if (folder / MONITORS_FILE).exists():  # checkpoints written before the monitors were saved lack it
-            self.monitors.load_state_dict(torch.load(folder / MONITORS_FILE, weights_only=True))
+            self.monitors.load_state_dict(torch.load(folder / MONITORS_FILE, map_location="cpu", weights_only=True))
         return int(run_state["step"])
 
     def _restore_rng(self, folder: Path, meta: dict) -> None:

@@ -101,8 +101,8 @@ def universal_folder(folder: Path) -> Path:
     if dist.get_rank() == 0 and not out.exists():
         from deepspeed.checkpoint.ds_to_universal import main as to_universal
 
-        partial = folder / f"universal.partial-{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
+        partial = folder / "universal.partial"
+        shutil.rmtree(partial, ignore_errors=True)  # what a killed conversion left
         # the arguments of DeepSpeed's ds_to_universal command; one worker each: small, and no fork inside a run
         to_universal(argparse.Namespace(input_folder=str(folder / CHECKPOINT_TAG),
                                         output_folder=str(partial / CHECKPOINT_TAG), num_extract_workers=1,
@@ -324,8 +324,8 @@ class DeepSpeedEngine(Engine):
             path, _ = self.ds.load_checkpoint(str(universal_folder(folder) if elastic else folder), tag=CHECKPOINT_TAG)
         finally:
             self.ds._config.load_universal_checkpoint = False
-        for group, kept in zip(groups, before):  # a universal load copies the saved groups' settings; ours come
-            group.clear()                        # from the recipe
+        for group, kept in zip(groups, before):  # a load copies the saved groups' settings (ZeRO-3's universal
+            group.clear()                        # load: the first group's onto all); ours come from the recipe
             group.update(kept)
         if path is None:
             raise UserError(f"{folder}: no DeepSpeed checkpoint (tag '{CHECKPOINT_TAG}') found")
@@ -338,7 +338,7 @@ class DeepSpeedEngine(Engine):
         """The universal format carries parameters only: buffers (BatchNorm statistics) come from rank 0's model
         states, as DCP keeps one copy of replicated buffers."""
         first = sorted((folder / CHECKPOINT_TAG).glob("*model_states.pt"))[0]
-        saved = torch.load(first, map_location=self.device, weights_only=True)["module"]
+        saved = torch.load(first, map_location="cpu", weights_only=True)["module"]  # ZeRO-1/2: every weight too
         with torch.no_grad():
             for name, buffer in self.ds.module.named_buffers():
                 if name not in saved:

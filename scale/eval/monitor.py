@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from scale.errors import UserError
 from scale.eval.features import gather_rows
 from scale.eval.knn import nearest, vote
-from scale.errors import UserError
 
 
 class KnnMonitor:
@@ -66,21 +66,24 @@ class KnnMonitor:
 
     def state_dict(self) -> dict:
         """The queue (the same on every rank: it takes the samples of all ranks) and the counts since the last
-        accuracy(), summed over ranks: one copy resumes the run on any number of ranks. A collective."""
+        accuracy(), summed over ranks: one copy resumes the run on any number of ranks. A collective. The tensors
+        are the live ones, on the run's device: save them at once (only the saving rank copies them to the host)."""
         counts = self.counts.clone()
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(counts)
-        return {"features": self.features.cpu(), "labels": self.labels.cpu(), "filled": self.filled,
-                "head": self.head, "counts": counts.cpu()}
+        return {"features": self.features, "labels": self.labels, "filled": self.filled, "head": self.head,
+                "counts": counts}
 
     def load_state_dict(self, state: dict) -> None:
         if tuple(state["features"].shape) != tuple(self.features.shape):
             raise UserError(f"k-NN monitor: the checkpointed queue is {tuple(state['features'].shape)}, this run's "
                             f"is {tuple(self.features.shape)} (eval.knn_monitor_queue, feature width)")
-        device = self.features.device
-        self.features, self.labels = state["features"].to(device), state["labels"].to(device)
-        first = not dist.is_initialized() or dist.get_rank() == 0
-        self.counts = state["counts"].to(device) if first else torch.zeros_like(self.counts)  # summed once
+        self.features.copy_(state["features"])
+        self.labels.copy_(state["labels"])
+        if not dist.is_initialized() or dist.get_rank() == 0:  # the sum over ranks, counted once
+            self.counts.copy_(state["counts"])
+        else:
+            self.counts.zero_()
         self.filled, self.head = int(state["filled"]), int(state["head"])
 
     @torch.no_grad()
