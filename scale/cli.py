@@ -1,6 +1,7 @@
 """The `scale` command. Each sub-command lives in scale/commands/<name>.py and is found here by its module name."""
 
 import argparse
+import faulthandler
 import importlib
 import logging
 import pkgutil
@@ -19,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a crash in native code (a NCCL or gloo abort, a segfault) prints every thread's Python stack to the rank's
+    # log, so that the step that died can be found
+    faulthandler.enable(all_threads=True)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -6,6 +6,7 @@ crops) and a frozen last layer in the first steps.
 """
 
 import dataclasses
+import faulthandler
 import os
 import socket
 
@@ -240,6 +241,11 @@ def free_port() -> int:
 def _worker(rank: int, world: int, port: int, fn, args, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    # this rank's stderr (Python and C++, with the Python stacks of a fatal signal) goes to a file that spawn()
+    # quotes when a rank dies: pytest shows the captured output of a shared fixture only once
+    log = open(rank_log(out, rank), "w", buffering=1)
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
     from scale.engine.dist import init_distributed, shutdown
 
@@ -252,11 +258,28 @@ def _worker(rank: int, world: int, port: int, fn, args, out: str) -> None:
         shutdown()  # waits for rank 0's save on the success path
 
 
+def rank_log(out: str, rank: int) -> str:
+    return f"{out}.rank{rank}.log"
+
+
 def spawn(fn, *args, world: int = 2, tmp_path) -> object:
-    """Run fn(*args) on `world` gloo processes; returns rank 0's result."""
+    """Run fn(*args) on `world` gloo processes; returns rank 0's result. When a rank fails, the error quotes the
+    end of every rank's stderr."""
     out = os.path.join(str(tmp_path), f"result_{fn.__name__}_{free_port()}.pt")
-    mp.spawn(_worker, args=(world, free_port(), fn, args, out), nprocs=world, join=True)
+    try:
+        mp.spawn(_worker, args=(world, free_port(), fn, args, out), nprocs=world, join=True)
+    except mp.ProcessExitedException as err:  # killed by a signal: no Python traceback came back
+        tails = [f"--- rank {rank} stderr (end) ---\n{tail(rank_log(out, rank))}" for rank in range(world)]
+        raise RuntimeError("\n".join([str(err), *tails])) from err
     return torch.load(out, weights_only=False)
+
+
+def tail(path: str, chars: int = 4000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-chars:]
+    except OSError as err:
+        return f"(unreadable: {err})"
 
 
 def run_jobs(jobs: list[tuple], run_kw: dict | None = None) -> dict:

@@ -3,11 +3,10 @@
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from scale.engine.dist import free_port
 from scale.eval.linear import LinearHeads, run_probe
 from scale.eval.monitor import KnnMonitor
+from tests.engine.engine_toy import spawn
 
 
 def stream(seed, steps, batch, classes=4, dim=8):
@@ -44,26 +43,18 @@ def probe_run(train, test):
     return result, heads
 
 
-def worker(rank, port, data, out):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        accuracies, monitor = monitor_run(halves(data["monitor"], rank, 2))
-        result, heads = probe_run(halves(data["train"], rank, 2), halves(data["test"], rank, 2))
-        if rank == 0:
-            torch.save({"acc": accuracies, "queue": monitor.features, "probe": result,
-                        "weight": heads.heads[1].weight.detach()}, out)
-    finally:
-        dist.barrier()  # a rank that tears gloo down while its peer still works aborts (SIGABRT) at exit
-        dist.destroy_process_group()
+def two_rank_job(data) -> dict:
+    rank = dist.get_rank()
+    accuracies, monitor = monitor_run(halves(data["monitor"], rank, 2))
+    result, heads = probe_run(halves(data["train"], rank, 2), halves(data["test"], rank, 2))
+    return {"acc": accuracies, "queue": monitor.features, "probe": result, "weight": heads.heads[1].weight.detach()}
 
 
 def test_two_ranks_equal_one_process(tmp_path):
     data = {"monitor": stream(0, 6, 10), "train": stream(1, 8, 16), "test": stream(2, 3, 10)}
     accuracies, monitor = monitor_run(data["monitor"])
     result, heads = probe_run(data["train"], data["test"])
-    out = tmp_path / "rank0.pt"
-    mp.spawn(worker, args=(free_port(), data, str(out)), nprocs=2)
-    two = torch.load(out, weights_only=False)
+    two = spawn(two_rank_job, data, tmp_path=tmp_path)
     # each rank scores its half against the shared queue; both halves are enqueued in rank order
     assert two["acc"] == pytest.approx(accuracies)
     assert torch.allclose(two["queue"], monitor.features)

@@ -2,17 +2,14 @@
 must equal a single process holding all of it (DINO's center, MoCo's gathered keys with offset labels, SimCLR's
 negatives, Sinkhorn-Knopp over the global batch)."""
 
-import os
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from scale.engine.dist import free_port
 from scale.methods.dino import updated_center
 from scale.methods.mocov3 import contrastive
 from scale.methods.simclr import nt_xent
 from scale.methods.sinkhorn import sinkhorn_knopp
+from tests.engine.engine_toy import all_ranks, spawn
 
 
 def data():
@@ -28,24 +25,17 @@ def single_process() -> dict:
             "sinkhorn": sinkhorn_knopp(d["scores"], 0.5, 3)}
 
 
-def worker(rank: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        half = {name: t[rank * 4:(rank + 1) * 4] for name, t in data().items()}
-        result = {"center": updated_center(torch.zeros(1, 5), half["teacher"], 0.9),
-                  "moco": contrastive(half["q"], half["k"], 0.2),
-                  "simclr": nt_xent(half["z1"], half["z2"], 0.5),
-                  "sinkhorn": sinkhorn_knopp(half["scores"], 0.5, 3)}
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()  # a rank that tears gloo down while its peer still works aborts (SIGABRT) at exit
-    finally:
-        dist.destroy_process_group()
+def two_rank_job() -> list[dict]:
+    rank = dist.get_rank()
+    half = {name: t[rank * 4:(rank + 1) * 4] for name, t in data().items()}
+    return all_ranks({"center": updated_center(torch.zeros(1, 5), half["teacher"], 0.9),
+                      "moco": contrastive(half["q"], half["k"], 0.2),
+                      "simclr": nt_xent(half["z1"], half["z2"], 0.5),
+                      "sinkhorn": sinkhorn_knopp(half["scores"], 0.5, 3)})
 
 
 def test_two_ranks_equal_one_process(tmp_path):
-    mp.spawn(worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ranks = spawn(two_rank_job, tmp_path=tmp_path)
     full = single_process()
     for r in ranks:
         assert torch.allclose(r["center"], full["center"], atol=1e-6)
