@@ -21,8 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # a crash in native code (a NCCL or gloo abort, a segfault) prints every thread's Python stack to the rank's
-    # log, so that the step that died can be found
-    faulthandler.enable(all_threads=True)
+    # log, so that the step that died can be found (the process's own stderr: sys.stderr may be a redirection)
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
