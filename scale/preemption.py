@@ -2,14 +2,30 @@
 saves a checkpoint and exits with PREEMPTED_EXIT_CODE so the Slurm wrapper requeues the job."""
 
 import logging
+import os
 import signal
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from scale.errors import UserError
+from scale.errors import PREEMPTED_EXIT_CODE, UserError
 
 log = logging.getLogger(__name__)
+
+# Set by a launcher that ends every task once one exits non-zero (the sbatch template: srun --kill-on-bad-exit).
+# There the first task out with PREEMPTED_EXIT_CODE would kill its peers while they still finish, so a preempted
+# task creates this file instead and exits 0; the launcher reads the file.
+PREEMPTED_MARKER_ENV = "SCALE_PREEMPTED_MARKER"
+
+
+def launcher_status(status: int) -> int:
+    """The exit status for the launcher: PREEMPTED_EXIT_CODE becomes the marker file and 0 when one is asked for."""
+    marker = os.environ.get(PREEMPTED_MARKER_ENV)
+    if marker and status == PREEMPTED_EXIT_CODE:
+        Path(marker).touch()
+        return 0
+    return status
 
 
 class Preemption:

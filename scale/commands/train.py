@@ -12,6 +12,7 @@ def register(sub) -> None:
 
 
 def cmd_train(args) -> int:
+    from scale.preemption import launcher_status
     from scale.train import main
 
-    return main(args.recipe, args.overrides, run_dir=args.run_dir, nproc=args.nproc)
+    return launcher_status(main(args.recipe, args.overrides, run_dir=args.run_dir, nproc=args.nproc))

@@ -17,10 +17,11 @@ from scale.launch import slurm
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 # Stands in for `python -m scale.cli train RECIPE ... --run-dir DIR`: records each start, and on the first start
-# waits for SIGUSR1 or SIGTERM and exits with the preemption status, as the training loop does after its checkpoint.
+# waits for SIGUSR1 or SIGTERM and exits as `scale train` does after its preemption checkpoint, rank 1 later.
 FAKE_TRAIN = """#!{python}
 import json, os, signal, sys, time
 from pathlib import Path
+from scale.preemption import launcher_status
 run_dir = Path(sys.argv[sys.argv.index("--run-dir") + 1])
 rank, restart = os.environ["SLURM_PROCID"], os.environ.get("SLURM_RESTART_COUNT", "0")
 with open(run_dir / "starts", "a") as f:
@@ -33,7 +34,10 @@ if restart == "0" and os.environ.get("FAKE_TRAIN_WAIT"):
     deadline = time.time() + 120
     while not got and time.time() < deadline:
         time.sleep(0.1)
-    sys.exit({preempted} if got else 1)
+    if got and rank == "1":  # finishes later than rank 0, no longer handling signals (as while Python exits)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        time.sleep(2)
+    sys.exit(launcher_status({preempted}) if got else 1)
 """
 
 

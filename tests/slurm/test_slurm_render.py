@@ -18,14 +18,19 @@ from scale.launch import slurm
 EVIL = "meta.notes=it's $(touch PWNED) `touch PWNED` \"quoted\" ; rm -rf / #"
 
 FAKE_SRUN = """#!{python}
-# stands in for srun: records its argv and environment, then behaves as FAKE_SRUN_MODE says
+# stands in for srun: records its argv and environment, then behaves as FAKE_SRUN_MODE says: exit:N, preempted
+# (tasks that checkpointed for preemption: the marker file, status 0) or wait (for a signal, then preempted)
 import json, os, signal, sys, time
 log = os.environ["FAKE_SRUN_LOG"]
-keys = ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+keys = ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "SCALE_PREEMPTED_MARKER")
 json.dump({{"argv": sys.argv[1:], "pid": os.getpid(), "env": {{k: os.environ.get(k) for k in keys}}}}, open(log, "w"))
 mode = os.environ.get("FAKE_SRUN_MODE", "exit:0")
 if mode.startswith("exit:"):
     sys.exit(int(mode[5:]))
+if mode == "preempted":
+    open(os.environ["SCALE_PREEMPTED_MARKER"], "w").close()
+    sys.exit(0)
 got = []
 for sig in (signal.SIGUSR1, signal.SIGTERM):
     signal.signal(sig, lambda n, f: got.append(signal.Signals(n).name))
@@ -34,7 +39,9 @@ deadline = time.time() + 30
 while not got and time.time() < deadline:
     time.sleep(0.02)
 open(log + ".signals", "w").write(",".join(got))
-sys.exit({preempted} if got else 1)
+if not got:
+    sys.exit(1)
+open(os.environ["SCALE_PREEMPTED_MARKER"], "w").close()
 """
 
 FAKE_SCONTROL = """#!/bin/bash
@@ -196,11 +203,22 @@ def test_relative_recipe_path_is_passed_on_absolute(recipe, tmp_path, monkeypatc
     assert job.recipe == str(recipe)
 
 
-def test_preempted_exit_status_requeues_the_job(recipe, tmp_path, fake_slurm):
+def test_preempted_tasks_requeue_the_job(recipe, tmp_path, fake_slurm):
+    """Preempted tasks exit 0 (so that srun --kill-on-bad-exit does not end the slower ones) and leave the marker
+    file; the script requeues on it and removes it. A bare preemption status (3) from srun requeues too."""
     script = slurm.write(slurm.plan(str(recipe), [], tmp_path / "run", slurm.SlurmOptions()))
-    out = run_script(script, fake_slurm, cwd=tmp_path, FAKE_SRUN_MODE=f"exit:{PREEMPTED_EXIT_CODE}")
+    (tmp_path / "run").mkdir(exist_ok=True)
+    marker = tmp_path / "run" / ".preempted-4321"
+    marker.touch()  # a stale marker from a killed earlier start must not count
+    out = run_script(script, fake_slurm, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "requeue 4321" in scontrol_calls(fake_slurm)
+    assert srun_call(fake_slurm)["env"]["SCALE_PREEMPTED_MARKER"] == str(marker)
+    assert not any(c.startswith("requeue") for c in scontrol_calls(fake_slurm))
+    for mode in ("preempted", f"exit:{PREEMPTED_EXIT_CODE}"):
+        out = run_script(script, fake_slurm, cwd=tmp_path, FAKE_SRUN_MODE=mode)
+        assert out.returncode == 0, out.stderr
+        assert scontrol_calls(fake_slurm).count("requeue 4321") == (1 if mode == "preempted" else 2)
+        assert not marker.exists()
 
 
 def test_failed_requeue_and_other_failures_keep_their_status(recipe, tmp_path, fake_slurm):
@@ -208,8 +226,7 @@ def test_failed_requeue_and_other_failures_keep_their_status(recipe, tmp_path, f
     out = run_script(script, fake_slurm, cwd=tmp_path, FAKE_SRUN_MODE="exit:1")
     assert out.returncode == 1
     assert not any(c.startswith("requeue") for c in scontrol_calls(fake_slurm))
-    out = run_script(script, fake_slurm, cwd=tmp_path, FAKE_SRUN_MODE=f"exit:{PREEMPTED_EXIT_CODE}",
-                     FAKE_SCONTROL_STATUS="1")
+    out = run_script(script, fake_slurm, cwd=tmp_path, FAKE_SRUN_MODE="preempted", FAKE_SCONTROL_STATUS="1")
     assert out.returncode == PREEMPTED_EXIT_CODE
     assert "not requeued. Continue it with: sbatch" in out.stderr
 
