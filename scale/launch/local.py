@@ -11,6 +11,7 @@ import time
 
 from scale import faults
 from scale.engine.dist import free_port
+from scale.errors import PREEMPTED_EXIT_CODE
 
 LAUNCH_MARK = "SCALE_LOCAL_LAUNCH"
 # what a new launch must not inherit from its caller: a process group's variables and the launch mark (they would
@@ -50,13 +51,15 @@ def spawn(nproc: int, argv: list[str]) -> int:
             signal.signal(sig, handler)
 
 
-def _wait(procs: list[subprocess.Popen]) -> int:
+def _wait(procs: list[subprocess.Popen], grace_s: float = 5.0) -> int:
+    """Wait for every process. A failure stops the others after `grace_s`; a preempted rank (its checkpoint is
+    written, all ranks agreed to stop) does not, as the others may still be finishing theirs."""
     status = 0
     while any(p.poll() is None for p in procs):
-        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        failed = [p.returncode for p in procs if p.returncode not in (None, 0, PREEMPTED_EXIT_CODE)]
         if failed and not status:
             status = failed[0]
-            time.sleep(5)  # let the other ranks report the failure themselves before they are stopped
+            time.sleep(grace_s)  # let the other ranks report the failure themselves before they are stopped
             for proc in procs:
                 if proc.poll() is None:
                     proc.terminate()
