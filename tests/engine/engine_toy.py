@@ -8,7 +8,6 @@ crops) and a frozen last layer in the first steps.
 import dataclasses
 import faulthandler
 import os
-import socket
 import sys
 
 import torch
@@ -19,6 +18,7 @@ from torch import nn
 
 from scale.data.batch import Batch
 from scale.engine.config import EngineConfig, OptimConfig
+from scale.engine.dist import free_port
 from scale.methods.base import Method, StepContext
 
 IN_DIM, DIM, OUT_DIM = 8, 16, 12
@@ -233,12 +233,6 @@ def engine_run(engine_kw: dict, optim_kw: dict, steps: int = STEPS, start: int =
             "teacher": engine.export_state_dict("teacher"), "memory": engine.memory()}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, fn, args, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
@@ -259,7 +253,7 @@ def _worker(rank: int, world: int, port: int, fn, args, out: str) -> None:
         shutdown()  # waits for rank 0's save on the success path
     # the work is done and saved: skip the interpreter's and the C++ runtime's teardown, where gloo has aborted
     # finished ranks ("terminate called without an active exception"); the product's own exit path is covered
-    # by the end-to-end tests, which launch `scale train` under torchrun
+    # by the end-to-end tests, which launch `scale train` with --nproc and under Slurm
     sys.stdout.flush()
     os._exit(0)
 
