@@ -42,16 +42,19 @@ def scale_command(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "scale.cli", *args], env=env)
 
 
-def train_with_interruption(recipe: str, overrides: list[str], run_dir: Path, env: dict, interrupt_at: int,
-                            nproc: int) -> None:
+def train_with_interruption(
+    recipe: str, overrides: list[str], run_dir: Path, env: dict, interrupt_at: int, nproc: int
+) -> None:
     """Train; after step `interrupt_at` every rank receives SIGUSR1 (as Slurm's preemption notice would send it),
     the run checkpoints and exits for requeue, and is resumed from its checkpoint."""
     args = ["train", recipe, *overrides, "--run-dir", str(run_dir), "--nproc", str(nproc)]
     say(f"the run will receive SIGUSR1 after step {interrupt_at}, like a preemption notice")
     status = scale_command(args, {**env, faults.ENV: faults.spec("preempt", interrupt_at)}).wait()
     if status == PREEMPTED_EXIT_CODE:
-        say(f"interrupted at step {interrupt_at}: the run checkpointed and exited for requeue; resuming from its "
-            f"latest checkpoint")
+        say(
+            f"interrupted at step {interrupt_at}: the run checkpointed and exited for requeue; resuming from its "
+            f"latest checkpoint"
+        )
         status = scale_command(args, env).wait()
     elif status == 0:
         raise UserError(f"the run finished without being interrupted at step {interrupt_at}; see {run_dir / 'logs'}")
@@ -66,8 +69,7 @@ def knn_of(recipe: str, overrides: list[str], weights: str | None, out: Path) ->
     return result
 
 
-def run_demo(method: str = "dino", run_dir: str | Path = "runs/demo", steps: int | None = None,
-             nproc: int = 2) -> Path:
+def run_demo(method: str = "dino", run_dir: str | Path = "runs/demo", steps: int | None = None, nproc: int = 2) -> Path:
     if method not in STORIES:
         raise UserError(f"--method must be one of {', '.join(STORIES)}, got '{method}'")
     recipe, dataset, evaluated = STORIES[method]
@@ -108,11 +110,25 @@ def run_demo(method: str = "dino", run_dir: str | Path = "runs/demo", steps: int
 def benchmark(recipe: str, overrides: list[str], out: Path, env: dict, nproc: int) -> str:
     """`scale bench` of the demo recipe under DDP and FSDP2; returns its printed table (its log is kept in `out`)."""
     out.mkdir(parents=True, exist_ok=True)
-    args = ["bench", recipe, *overrides, "--steps", str(BENCH_STEPS), "--warmup", "2", "--nproc", str(nproc),
-            "--matrix", "engine=ddp,fsdp2", "--json", str(out / "bench.json")]
+    args = [
+        "bench",
+        recipe,
+        *overrides,
+        "--steps",
+        str(BENCH_STEPS),
+        "--warmup",
+        "2",
+        "--nproc",
+        str(nproc),
+        "--matrix",
+        "engine=ddp,fsdp2",
+        "--json",
+        str(out / "bench.json"),
+    ]
     with open(out / "bench.log", "w") as log_file:
-        status = subprocess.run([sys.executable, "-m", "scale.cli", *args], env=env, stdout=subprocess.PIPE,
-                                stderr=log_file, text=True)
+        status = subprocess.run(
+            [sys.executable, "-m", "scale.cli", *args], env=env, stdout=subprocess.PIPE, stderr=log_file, text=True
+        )
     (out / "bench.txt").write_text(status.stdout)
     if status.returncode != 0:
         raise UserError(f"the benchmark failed with exit status {status.returncode}; see {out / 'bench.log'}")
@@ -124,8 +140,7 @@ def _planned_steps(recipe: str, overrides: list[str]) -> int:
     from scale.data.loader import build_loader
 
     cfg = load_recipe(recipe, overrides)
-    loader = build_loader(cfg.data, "train", cfg.train.global_batch, 0, 1, cfg.train.seed,
-                          cfg.train.samples_per_epoch)
+    loader = build_loader(cfg.data, "train", cfg.train.global_batch, 0, 1, cfg.train.seed, cfg.train.samples_per_epoch)
     total = cfg.train.epochs * loader.steps_per_epoch
     return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 
@@ -133,15 +148,25 @@ def _planned_steps(recipe: str, overrides: list[str]) -> int:
 def _summary(before: dict, after: dict, bench_table: str, run_dir: Path, seconds: float) -> list[str]:
     metrics = read_metrics(run_dir / "metrics.jsonl")
     speeds = [m["images_per_s"] for m in metrics if "images_per_s" in m]
-    lines = [f"## k-NN accuracy (val, top-1 %, k={after['k']})", "",
-             "| backbone | top-1 | top-5 |", "|---|---|---|",
-             f"| random init | {before['top1']:.2f} | {before['top5']:.2f} |",
-             f"| trained | {after['top1']:.2f} | {after['top5']:.2f} |", "",
-             f"Gain over random init: {after['top1'] - before['top1']:+.2f} points.", ""]
+    lines = [
+        f"## k-NN accuracy (val, top-1 %, k={after['k']})",
+        "",
+        "| backbone | top-1 | top-5 |",
+        "|---|---|---|",
+        f"| random init | {before['top1']:.2f} | {before['top5']:.2f} |",
+        f"| trained | {after['top1']:.2f} | {after['top5']:.2f} |",
+        "",
+        f"Gain over random init: {after['top1'] - before['top1']:+.2f} points.",
+        "",
+    ]
     if speeds:
         ordered = sorted(speeds)
-        lines += ["## Throughput", "", f"Median {ordered[len(ordered) // 2]:.1f} images/s (global, "
-                  f"{len(speeds)} logged steps; CPU, gloo).", ""]
+        lines += [
+            "## Throughput",
+            "",
+            f"Median {ordered[len(ordered) // 2]:.1f} images/s (global, {len(speeds)} logged steps; CPU, gloo).",
+            "",
+        ]
     lines += ["## Benchmark (`scale bench`)", "", "```", bench_table.rstrip(), "```", ""]
     lines += [f"The whole demo took {seconds / 60:.1f} minutes.", ""]
     return lines

@@ -8,7 +8,7 @@ rule) are in scale/schedules.py.
 """
 
 import importlib.util
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from timm.optim import Lamb, Lars
@@ -29,8 +29,10 @@ def param_groups(named_params: Iterable[tuple[str, torch.nn.Parameter]], cfg) ->
         if not param.requires_grad:
             continue
         (no_decay if cfg.wd_exclude_1d and is_no_decay(name, param) else decay).append(param)
-    groups = [{"params": decay, "group": "decay", "wd_scale": 1.0},
-              {"params": no_decay, "group": "no_decay", "wd_scale": 0.0}]
+    groups = [
+        {"params": decay, "group": "decay", "wd_scale": 1.0},
+        {"params": no_decay, "group": "no_decay", "wd_scale": 0.0},
+    ]
     return [g for g in groups if g["params"]]
 
 
@@ -59,8 +61,9 @@ def build_optimizer(groups: list[dict], cfg, device: torch.device, sharded: bool
     if len(betas) != 2:
         raise UserError(f"optim.betas must have 2 values, got {list(cfg.betas)}")
     if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                                 fused=True if cuda else None)
+        return torch.optim.AdamW(
+            groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=True if cuda else None
+        )
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.name == "lars":
@@ -71,8 +74,9 @@ def build_optimizer(groups: list[dict], cfg, device: torch.device, sharded: bool
 
         # the engine clips (per-parameter or global), so LAMB's own global clipping is switched off (FusedLAMB
         # divides by max_grad_norm: 0 would zero the update, infinity never clips)
-        return FusedLAMB(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                         max_grad_norm=float("inf"))
+        return FusedLAMB(
+            groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, max_grad_norm=float("inf")
+        )
     return Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, max_grad_norm=None)
 
 
@@ -93,8 +97,10 @@ def init_state(optimizer: torch.optim.Optimizer) -> None:
         p.grad = None
     for p in missing:
         p.grad = torch.zeros_like(p)
-    saved = [{k: v.clone() if torch.is_tensor(v) else v for k, v in g.items() if k != "params"}
-             for g in optimizer.param_groups]
+    saved = [
+        {k: v.clone() if torch.is_tensor(v) else v for k, v in g.items() if k != "params"}
+        for g in optimizer.param_groups
+    ]
     for g in optimizer.param_groups:  # no move, and no coupled weight decay leaking into momentum buffers
         g["lr"] = 0.0
         g["weight_decay"] = 0.0

@@ -8,5 +8,12 @@ from tqdm import tqdm
 
 def progress_bar(total: int, initial: int = 0, enabled: bool = True, desc: str = "") -> tqdm:
     interactive = sys.stderr.isatty()
-    return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, dynamic_ncols=True,
-                mininterval=0.5 if interactive else 30.0, file=sys.stderr)
+    return tqdm(
+        total=total,
+        initial=initial,
+        disable=not enabled,
+        desc=desc,
+        dynamic_ncols=True,
+        mininterval=0.5 if interactive else 30.0,
+        file=sys.stderr,
+    )

@@ -13,8 +13,12 @@ from omegaconf import OmegaConf  # noqa: E402
 from scale.errors import UserError  # noqa: E402
 from scale.rundir import RunDir, read_metrics  # noqa: E402
 
-PLOTS = {"loss": ("loss", "training loss"), "knn": ("knn_monitor_top1", "k-NN monitor top-1 (%)"),
-         "val": ("val_top1", "validation top-1 (%)"), "throughput": ("images_per_s", "images/s (global)")}
+PLOTS = {
+    "loss": ("loss", "training loss"),
+    "knn": ("knn_monitor_top1", "k-NN monitor top-1 (%)"),
+    "val": ("val_top1", "validation top-1 (%)"),
+    "throughput": ("images_per_s", "images/s (global)"),
+}
 
 
 def load_run(path: str | Path) -> dict:
@@ -24,8 +28,12 @@ def load_run(path: str | Path) -> dict:
     evals = {}
     for file in sorted((run.root / "eval").glob("*.json")) if (run.root / "eval").is_dir() else []:
         evals[file.stem] = json.loads(file.read_text())
-    return {"root": run.root, "config": OmegaConf.load(run.config), "metrics": read_metrics(run.metrics),
-            "evals": evals}
+    return {
+        "root": run.root,
+        "config": OmegaConf.load(run.config),
+        "metrics": read_metrics(run.metrics),
+        "evals": evals,
+    }
 
 
 def plot_series(runs: list[dict], key: str, ylabel: str, out: Path) -> Path | None:
@@ -64,21 +72,30 @@ def _fmt(value) -> str:
 
 def markdown_table(runs: list[dict]) -> str:
     """Paper-reported numbers (meta.reported) next to what the run measured."""
-    lines = ["| recipe | paper | table | row | reported | measured k-NN top-1 | measured val top-1 | final loss | "
-             "images/s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| recipe | paper | table | row | reported | measured k-NN top-1 | measured val top-1 | final loss | "
+        "images/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for run in runs:
         meta = run["config"].meta
         reported = ", ".join(f"{k} {v}" for k, v in OmegaConf.to_container(meta.reported).items()) or "–"
         knn = run["evals"].get("knn_after", run["evals"].get("knn", {})).get("top1")
         val = run["evals"].get("val", {}).get("top1")
-        lines.append(f"| {meta.name} | {meta.paper} | {meta.table} | {meta.row} | {reported} | {_fmt(knn)} | "
-                     f"{_fmt(val)} | {_fmt(_last(run['metrics'], 'loss'))} | "
-                     f"{_fmt(_last(run['metrics'], 'images_per_s'))} |")
+        lines.append(
+            f"| {meta.name} | {meta.paper} | {meta.table} | {meta.row} | {reported} | {_fmt(knn)} | "
+            f"{_fmt(val)} | {_fmt(_last(run['metrics'], 'loss'))} | "
+            f"{_fmt(_last(run['metrics'], 'images_per_s'))} |"
+        )
     return "\n".join(lines)
 
 
-def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "scale report",
-                 extra_sections: list[str] | None = None) -> Path:
+def write_report(
+    run_dirs: list[str | Path],
+    out_dir: str | Path,
+    title: str = "scale report",
+    extra_sections: list[str] | None = None,
+) -> Path:
     runs = [load_run(p) for p in run_dirs]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

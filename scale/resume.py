@@ -5,12 +5,34 @@ from omegaconf import DictConfig, OmegaConf
 from scale.errors import UserError
 
 # dotted prefixes whose change makes a checkpoint unloadable or its meaning different
-FIXED = ["model.name", "model.patch_size", "model.num_heads", "model.pos_embed", "model.pooling",
-         "model.final_norm", "model.bn_mlp", "model.window_size", "model.frozen_patch_embed", "method.kind",
-         "method.dino.out_dim", "method.dino.hidden_dim", "method.dino.bottleneck_dim", "method.dino.head_layers",
-         "method.dino.use_bn_in_head", "method.dino.predictor", "method.moco.variant", "method.moco.dim",
-         "method.moco.mlp_dim", "method.moco.proj_layers", "method.moco.pred_layers", "method.drloc.mode",
-         "optim.name", "engine.kind", "train.global_batch", "train.seed"]
+FIXED = [
+    "model.name",
+    "model.patch_size",
+    "model.num_heads",
+    "model.pos_embed",
+    "model.pooling",
+    "model.final_norm",
+    "model.bn_mlp",
+    "model.window_size",
+    "model.frozen_patch_embed",
+    "method.kind",
+    "method.dino.out_dim",
+    "method.dino.hidden_dim",
+    "method.dino.bottleneck_dim",
+    "method.dino.head_layers",
+    "method.dino.use_bn_in_head",
+    "method.dino.predictor",
+    "method.moco.variant",
+    "method.moco.dim",
+    "method.moco.mlp_dim",
+    "method.moco.proj_layers",
+    "method.moco.pred_layers",
+    "method.drloc.mode",
+    "optim.name",
+    "engine.kind",
+    "train.global_batch",
+    "train.seed",
+]
 
 
 def _flat(cfg: DictConfig) -> dict:
@@ -30,8 +52,14 @@ def _flat(cfg: DictConfig) -> dict:
 def check_compatible(saved: DictConfig, new: DictConfig, where: str) -> None:
     """Fail naming every fixed key that differs between the saved config and the new one."""
     old_flat, new_flat = _flat(saved), _flat(new)
-    changed = [f"{k}: {old_flat.get(k)!r} -> {new_flat.get(k)!r}" for k in sorted(set(old_flat) | set(new_flat))
-               if any(k == p or k.startswith(p + ".") for p in FIXED) and old_flat.get(k) != new_flat.get(k)]
+    changed = [
+        f"{k}: {old_flat.get(k)!r} -> {new_flat.get(k)!r}"
+        for k in sorted(set(old_flat) | set(new_flat))
+        if any(k == p or k.startswith(p + ".") for p in FIXED) and old_flat.get(k) != new_flat.get(k)
+    ]
     if changed:
-        raise UserError(f"{where} cannot be resumed with this recipe; these settings changed: " + "; ".join(changed)
-                        + ". Use a new --run-dir, or restore these values.")
+        raise UserError(
+            f"{where} cannot be resumed with this recipe; these settings changed: "
+            + "; ".join(changed)
+            + ". Use a new --run-dir, or restore these values."
+        )

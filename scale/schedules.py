@@ -5,7 +5,7 @@ loop that evaluates one step past the end) never indexes out of range.
 """
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,8 +23,7 @@ class Schedule:
         return len(self.values)
 
 
-def cosine(base: float, final: float, total_steps: int, warmup_steps: int = 0,
-           warmup_start: float = 0.0) -> Schedule:
+def cosine(base: float, final: float, total_steps: int, warmup_steps: int = 0, warmup_start: float = 0.0) -> Schedule:
     """Linear warmup from `warmup_start` to `base` over `warmup_steps`, then a half cosine from `base` to `final`
     (DINO's `cosine_scheduler`: value at step t after warmup = final + (base-final)/2 * (1 + cos(pi t / T)))."""
     warmup_steps = min(warmup_steps, total_steps)

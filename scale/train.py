@@ -4,8 +4,8 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -15,12 +15,12 @@ from scale.checkpoint import Checkpointer, CheckpointStore
 from scale.checkpoint.init import load_backbone_weights
 from scale.config import load_recipe
 from scale.config.load import from_dict
-from scale.data.loader import build_loader
 from scale.data.batch import split_batch
+from scale.data.loader import build_loader
 from scale.engine import build_engine
 from scale.engine.dist import DistInfo, init_distributed, seed_everything, shutdown
-from scale.eval.classify import Validation
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss, UserError
+from scale.eval.classify import Validation
 from scale.faults import maybe_inject
 from scale.launch.local import already_launched, spawn
 from scale.methods import build_method, has_class_head
@@ -61,8 +61,15 @@ def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> None:
 
 def train_loader(cfg: DictConfig, info: DistInfo):
     """This rank's loader over the recipe's training shards."""
-    return build_loader(cfg.data, "train", cfg.train.global_batch, info.rank, info.world_size, seed=cfg.train.seed,
-                        samples_per_epoch=cfg.train.samples_per_epoch)
+    return build_loader(
+        cfg.data,
+        "train",
+        cfg.train.global_batch,
+        info.rank,
+        info.world_size,
+        seed=cfg.train.seed,
+        samples_per_epoch=cfg.train.samples_per_epoch,
+    )
 
 
 def no_phase(name: str) -> contextlib.AbstractContextManager:
@@ -77,17 +84,22 @@ class Trainer:
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
-        self.validation = (Validation(cfg, info, device, run.root / "eval" / "val.json")  # checks data.val at once
-                           if has_class_head(cfg) and cfg.train.val_every_epochs > 0 else None)
+        self.validation = (
+            Validation(cfg, info, device, run.root / "eval" / "val.json")  # checks data.val at once
+            if has_class_head(cfg) and cfg.train.val_every_epochs > 0
+            else None
+        )
         fresh = not CheckpointStore(run.checkpoints).candidates()
         self.build_step(lambda: train_loader(cfg, info), init_weights=cfg.train.init_weights if fresh else "")
-        self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, self.method, self.loader,
-                                         self.monitors)
+        self.checkpointer = Checkpointer(
+            run.checkpoints, cfg, info, self.engine, self.method, self.loader, self.monitors
+        )
         self.metrics = MetricsWriter(run, info.is_main)
         self.preemption = Preemption(list(cfg.train.preempt_signals))
 
-    def build_step(self, make_loader: Callable[[], object], init_weights: str = "",
-                   max_schedule_steps_per_epoch: int | None = None) -> None:
+    def build_step(
+        self, make_loader: Callable[[], object], init_weights: str = "", max_schedule_steps_per_epoch: int | None = None
+    ) -> None:
         """Everything `train_step` uses, in this order: seeded RNGs, the loader, the method, the engine with the
         method's modules set up (`init_weights` loaded into them when given), the schedules and the monitors.
         scale.bench builds its trainer through here too, so that it measures the step as training sets it up; it
@@ -99,8 +111,9 @@ class Trainer:
         if max_schedule_steps_per_epoch is not None:
             self.steps_per_epoch = min(self.steps_per_epoch, max_schedule_steps_per_epoch)
         self.total_steps = cfg.train.epochs * self.steps_per_epoch
-        self.method = build_method(cfg, self.steps_per_epoch, self.total_steps,
-                                   device="meta" if cfg.engine.meta_init else None)
+        self.method = build_method(
+            cfg, self.steps_per_epoch, self.total_steps, device="meta" if cfg.engine.meta_init else None
+        )
         self.engine = build_engine(cfg.engine, cfg.optim, info, self.device)
         if init_weights and not cfg.engine.meta_init:
             load_backbone_weights(self._modules(), init_weights, sharded=False)
@@ -126,9 +139,16 @@ class Trainer:
     def fit(self) -> int:
         start = self.checkpointer.resume()
         stop = self.stop_step()
-        log.info("training %s: steps %d..%d of %d (%d per epoch), world size %d, engine %s",
-                 self.cfg.meta.name, start, stop, self.total_steps, self.steps_per_epoch, self.info.world_size,
-                 self.cfg.engine.kind)
+        log.info(
+            "training %s: steps %d..%d of %d (%d per epoch), world size %d, engine %s",
+            self.cfg.meta.name,
+            start,
+            stop,
+            self.total_steps,
+            self.steps_per_epoch,
+            self.info.world_size,
+            self.cfg.engine.kind,
+        )
         batches = self._batches()
         bar = progress_bar(total=stop, initial=start, enabled=self.info.is_main, desc="train")
         try:
@@ -138,8 +158,7 @@ class Trainer:
                 record["data_wait_s"] = data_wait
                 done = step + 1
                 if self.validation and self.validation.due(done, stop, self.steps_per_epoch):
-                    record.update(self.validation(self.method, self.engine.autocast, done,
-                                                  done / self.steps_per_epoch))
+                    record.update(self.validation(self.method, self.engine.autocast, done, done / self.steps_per_epoch))
                 self._log(step, record)
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
@@ -171,8 +190,12 @@ class Trainer:
         return batch, time.perf_counter() - start
 
     def train_step(self, step: int, batch) -> dict:
-        ctx = StepContext(step=step, epoch=step // self.steps_per_epoch, steps_per_epoch=self.steps_per_epoch,
-                          total_steps=self.total_steps)
+        ctx = StepContext(
+            step=step,
+            epoch=step // self.steps_per_epoch,
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+        )
         lr, wd = self.lr(step), self.weight_decay(step)
         apply_schedule(self.engine.optimizer.param_groups, lr, wd)
         started = time.perf_counter()
@@ -194,9 +217,15 @@ class Trainer:
                 self.engine.ema(momentum)
         step_time = time.perf_counter() - started
         totals.update(self.monitors.after_step(step, self.method.monitor_features, batch.labels))
-        return {**totals, "lr": lr, "weight_decay": wd, "epoch": ctx.epoch, "step_time_s": step_time,
-                "images_per_s": self.cfg.train.global_batch / step_time,
-                **({"teacher_momentum": momentum} if momentum is not None else {})}
+        return {
+            **totals,
+            "lr": lr,
+            "weight_decay": wd,
+            "epoch": ctx.epoch,
+            "step_time_s": step_time,
+            "images_per_s": self.cfg.train.global_batch / step_time,
+            **({"teacher_momentum": momentum} if momentum is not None else {}),
+        }
 
     def _check_finite(self, loss: torch.Tensor, step: int, batch) -> None:
         """Every rank learns whether any rank's loss is non-finite, before any update is applied."""
@@ -208,7 +237,8 @@ class Trainer:
             raise NonFiniteLoss(
                 f"non-finite loss at step {step} (rank {self.info.rank}: {loss.item()}; samples {keys}). Nothing "
                 f"was updated; the last checkpoint in {self.run.checkpoints} is clean. See README "
-                f"'Troubleshooting: NaN loss' (fp16 with small patches, lr, teacher temperature).")
+                f"'Troubleshooting: NaN loss' (fp16 with small patches, lr, teacher temperature)."
+            )
 
     def _log(self, step: int, record: dict) -> None:
         every = self.cfg.train.log_every

@@ -9,8 +9,14 @@ import pytest
 from scale.data.embedded import build
 from scale.launch.local import fresh_environment
 
-TINY = ["train.global_batch=16", "train.log_every=1", "data.views.n_local=[2]", "method.dino.out_dim=64",
-        "method.dino.hidden_dim=32", "method.dino.bottleneck_dim=16"]
+TINY = [
+    "train.global_batch=16",
+    "train.log_every=1",
+    "data.views.n_local=[2]",
+    "method.dino.out_dim=64",
+    "method.dino.hidden_dim=32",
+    "method.dino.bottleneck_dim=16",
+]
 
 
 @pytest.fixture(scope="session")
@@ -28,11 +34,28 @@ def clean_env(data_root: Path) -> dict:
     return dict(fresh_environment(), SCALE_DATA=str(data_root), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 
 
-def run_train(data_root: Path, run_dir: Path, overrides: list[str], nproc: int = 2, fault: str | None = None,
-              recipe: str = "demo/dino_tiny", timeout: int = 300) -> subprocess.CompletedProcess:
+def run_train(
+    data_root: Path,
+    run_dir: Path,
+    overrides: list[str],
+    nproc: int = 2,
+    fault: str | None = None,
+    recipe: str = "demo/dino_tiny",
+    timeout: int = 300,
+) -> subprocess.CompletedProcess:
     env = clean_env(data_root)
     if fault:
         env["SCALE_FAULT"] = fault
-    cmd = [sys.executable, "-m", "scale.cli", "train", recipe, *overrides, "--run-dir", str(run_dir),
-           "--nproc", str(nproc)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "scale.cli",
+        "train",
+        recipe,
+        *overrides,
+        "--run-dir",
+        str(run_dir),
+        "--nproc",
+        str(nproc),
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -18,7 +18,7 @@ def test_cosine_warmup_then_half_cosine_like_dino():
         expected = final + 0.5 * (base - final) * (1 + math.cos(math.pi * t / decay))
         assert s(warmup + t) == pytest.approx(expected)
     assert s(warmup) == pytest.approx(base)
-    assert s(10 ** 6) == s(total - 1)  # clamped past the end
+    assert s(10**6) == s(total - 1)  # clamped past the end
 
 
 def test_weight_decay_and_teacher_momentum_ends():

@@ -14,10 +14,20 @@ import torch
 
 # dense peak TFLOP/s: (fp32, bf16/fp16). fp32 without TF32 on A100/H100 (TF32 is off for matmuls in torch by default)
 GPU_PEAK_TFLOPS = {
-    "H100 SXM": (67.0, 989.0), "H100 PCIe": (51.0, 756.0), "H100": (67.0, 989.0), "H200": (67.0, 989.0),
-    "A100": (19.5, 312.0), "A800": (19.5, 312.0), "A10G": (31.2, 125.0), "A10": (31.2, 125.0),
-    "L40S": (91.6, 362.0), "L4": (30.3, 121.0), "V100": (15.7, 125.0), "T4": (8.1, 65.0),
-    "RTX 4090": (82.6, 165.0), "RTX 3090": (35.6, 71.0),
+    "H100 SXM": (67.0, 989.0),
+    "H100 PCIe": (51.0, 756.0),
+    "H100": (67.0, 989.0),
+    "H200": (67.0, 989.0),
+    "A100": (19.5, 312.0),
+    "A800": (19.5, 312.0),
+    "A10G": (31.2, 125.0),
+    "A10": (31.2, 125.0),
+    "L40S": (91.6, 362.0),
+    "L4": (30.3, 121.0),
+    "V100": (15.7, 125.0),
+    "T4": (8.1, 65.0),
+    "RTX 4090": (82.6, 165.0),
+    "RTX 3090": (35.6, 71.0),
 }
 
 
@@ -44,7 +54,7 @@ def measured_peak(device: torch.device, precision: str, size: int = 1024, second
         start = time.perf_counter()
         a @ b
         sync()
-        best = max(best, 2 * size ** 3 / (time.perf_counter() - start))
+        best = max(best, 2 * size**3 / (time.perf_counter() - start))
     return best
 
 

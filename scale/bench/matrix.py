@@ -44,9 +44,12 @@ def crop_overrides(spec: str) -> list[str]:
     locals_ = [part.split("x") for part in match.group(3).split("+") if part]
     sizes = [int(s) for _, s in locals_] or [96]
     counts = [int(n) for n, _ in locals_] or [0]
-    return [f"data.views.n_global={match.group(1)}", f"data.views.global_size={match.group(2)}",
-            f"data.views.local_sizes=[{','.join(map(str, sizes))}]",
-            f"data.views.n_local=[{','.join(map(str, counts))}]"]
+    return [
+        f"data.views.n_global={match.group(1)}",
+        f"data.views.global_size={match.group(2)}",
+        f"data.views.local_sizes=[{','.join(map(str, sizes))}]",
+        f"data.views.n_local=[{','.join(map(str, counts))}]",
+    ]
 
 
 def setting_overrides(key: str, value: str) -> list[str]:
@@ -58,7 +61,7 @@ def setting_overrides(key: str, value: str) -> list[str]:
         return [f"engine.precision={value}"]
     if key == "ac":
         if value.startswith("every"):
-            every = value[len("every"):].lstrip("_")
+            every = value[len("every") :].lstrip("_")
             if not every.isdigit():
                 raise UserError(f"--matrix ac '{value}': expected none, full or every<N> (e.g. every2)")
             return ["engine.activation_checkpointing=every_n", f"engine.ac_every_n={every}"]
@@ -90,14 +93,16 @@ def label(setting: dict[str, str]) -> str:
 
 
 def mib(value) -> str:
-    return "-" if value is None else f"{value / 2 ** 20:.1f}"
+    return "-" if value is None else f"{value / 2**20:.1f}"
 
 
 def format_table(rows: list[dict]) -> str:
     """One line per setting: throughput, phases (s per step), communication, memory (MiB), MFU."""
-    head = (f"{'setting':32s} {'step s':>8s} {'img/s':>8s} {'img/s/dev':>9s} {'crops/s/dev':>11s} "
-            f"{'data':>6s} {'fwd':>7s} {'bwd':>7s} {'optim':>6s} {'other':>6s} {'comm':>6s} "
-            f"{'peak MiB':>9s} {'RSS MiB':>8s} {'state MiB':>9s} {'MFU':>6s}")
+    head = (
+        f"{'setting':32s} {'step s':>8s} {'img/s':>8s} {'img/s/dev':>9s} {'crops/s/dev':>11s} "
+        f"{'data':>6s} {'fwd':>7s} {'bwd':>7s} {'optim':>6s} {'other':>6s} {'comm':>6s} "
+        f"{'peak MiB':>9s} {'RSS MiB':>8s} {'state MiB':>9s} {'MFU':>6s}"
+    )
     lines = [head]
     for row in rows:
         p = row["phases"]
@@ -107,12 +112,14 @@ def format_table(rows: list[dict]) -> str:
             f"{row['images_per_s_per_device']:9.2f} {row['crops_per_s_per_device']:11.2f} {p['data']:6.3f} "
             f"{p['forward']:7.3f} {p['backward']:7.3f} {p['optimizer']:6.3f} {p['other']:6.3f} "
             f"{row['comm_s']:6.3f} {mib(row['peak_bytes']):>9s} {mib(row.get('rss_peak_bytes')):>8s} "
-            f"{mib(row['state']['total']):>9s} {mfu:>6s}")
+            f"{mib(row['state']['total']):>9s} {mfu:>6s}"
+        )
     return "\n".join(lines)
 
 
-def run_matrix(recipe: str, overrides: list[str], matrix: list[str], steps: int, warmup: int,
-               synthetic: bool) -> list[dict]:
+def run_matrix(
+    recipe: str, overrides: list[str], matrix: list[str], steps: int, warmup: int, synthetic: bool
+) -> list[dict]:
     """Benchmark every setting in this process group (rank 0's rows are complete) and return the rows."""
     import gc
 

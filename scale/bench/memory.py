@@ -93,8 +93,12 @@ class MemoryTrace:
         events = list(self.profiler.profiler.kineto_results.events())
         if self.cuda:
             comm = [(e.start_ns(), e.end_ns()) for e in events if "nccl" in e.name().lower()]
-            return {"peak_bytes": self.peak, "start_bytes": self.start, "comm_s": union_seconds(comm),
-                    "rss_peak_bytes": None}
+            return {
+                "peak_bytes": self.peak,
+                "start_bytes": self.start,
+                "comm_s": union_seconds(comm),
+                "rss_peak_bytes": None,
+            }
         window = next(e for e in events if e.name() == WINDOW)
         begin, end = window.start_ns(), window.end_ns()
         level, start, peak = 0, None, 0
@@ -108,7 +112,9 @@ class MemoryTrace:
                 peak = max(peak, level)
         if start is None:  # nothing allocated or freed inside the window
             start = peak = level
-        comm = [(max(e.start_ns(), begin), min(e.end_ns(), end)) for e in events
-                if e.name().startswith("gloo:") and e.end_ns() > begin and e.start_ns() < end]
-        return {"peak_bytes": peak, "start_bytes": start,
-                "comm_s": union_seconds(comm), "rss_peak_bytes": self.rss}
+        comm = [
+            (max(e.start_ns(), begin), min(e.end_ns(), end))
+            for e in events
+            if e.name().startswith("gloo:") and e.end_ns() > begin and e.start_ns() < end
+        ]
+        return {"peak_bytes": peak, "start_bytes": start, "comm_s": union_seconds(comm), "rss_peak_bytes": self.rss}

@@ -44,12 +44,14 @@ class Setting:
         return f"{self.engine} ac={ac} micro={self.micro_batch} accum={self.grad_accum}"
 
     def overrides(self) -> list[str]:
-        engine = {"zero1": ["engine.kind=deepspeed", "engine.zero_stage=1"],
-                  "zero2": ["engine.kind=deepspeed", "engine.zero_stage=2"],
-                  "zero3": ["engine.kind=deepspeed", "engine.zero_stage=3"]}.get(self.engine,
-                                                                               [f"engine.kind={self.engine}"])
+        engine = {
+            "zero1": ["engine.kind=deepspeed", "engine.zero_stage=1"],
+            "zero2": ["engine.kind=deepspeed", "engine.zero_stage=2"],
+            "zero3": ["engine.kind=deepspeed", "engine.zero_stage=3"],
+        }.get(self.engine, [f"engine.kind={self.engine}"])
         ac = [f"engine.activation_checkpointing={self.ac}"] + (
-            [f"engine.ac_every_n={self.every_n}"] if self.ac == "every_n" else [])
+            [f"engine.ac_every_n={self.every_n}"] if self.ac == "every_n" else []
+        )
         return engine + ac + [f"engine.grad_accum={self.grad_accum}"]
 
 
@@ -82,10 +84,12 @@ def state_bytes(trace: StepTrace, engine: str, world: int, precision: str, optim
     else:
         separate_master = engine in ("zero1", "zero2") or weight_bytes != 4
         optim = (moments + (4 * trace.trainable if separate_master else 0)) / world
-    return {"params": weight_bytes * trace.params * weight_share,
-            "grads": weight_bytes * trace.trainable * grad_share,
-            "optimizer": optim,
-            "teacher": weight_bytes * trace.teacher_params * weight_share}
+    return {
+        "params": weight_bytes * trace.params * weight_share,
+        "grads": weight_bytes * trace.trainable * grad_share,
+        "optimizer": optim,
+        "teacher": weight_bytes * trace.teacher_params * weight_share,
+    }
 
 
 def checkpointed(index: int, ac: str, every_n: int) -> bool:
@@ -134,8 +138,16 @@ def comm_bytes(trace: StepTrace, setting: Setting, world: int, precision: str) -
     return share * (compute_bytes * setting.grad_accum * (student + teacher) + reduce)
 
 
-def predict(trace: StepTrace, setting: Setting, world: int, precision: str, optimizer: str,
-            peak_flops: float, mfu: float, bandwidth: float) -> Prediction:
+def predict(
+    trace: StepTrace,
+    setting: Setting,
+    world: int,
+    precision: str,
+    optimizer: str,
+    peak_flops: float,
+    mfu: float,
+    bandwidth: float,
+) -> Prediction:
     """One setting on `world` GPUs: memory per rank, compute and communication seconds per step."""
     memory = state_bytes(trace, setting.engine, world, precision, optimizer)
     memory["buffers"] = trace.buffers
@@ -145,20 +157,38 @@ def predict(trace: StepTrace, setting: Setting, world: int, precision: str, opti
     images = setting.micro_batch * setting.grad_accum
     recompute = sum(c.flops for c in trace.blocks if checkpointed(c.index, setting.ac, setting.every_n))
     flops = step_flops(trace, images) + trace.per_image(recompute) * images
-    return Prediction(setting, memory, compute_s=flops / (peak_flops * mfu),
-                      comm_s=comm_bytes(trace, setting, world, precision) / bandwidth)
+    return Prediction(
+        setting,
+        memory,
+        compute_s=flops / (peak_flops * mfu),
+        comm_s=comm_bytes(trace, setting, world, precision) / bandwidth,
+    )
 
 
 def candidates(per_gpu_batch: int, engines=ENGINES) -> list[Setting]:
     micro = [m for m in range(per_gpu_batch, 0, -1) if per_gpu_batch % m == 0]
-    return [Setting(engine, ac, every_n, m, per_gpu_batch // m)
-            for engine in engines for ac, every_n in AC_MODES for m in micro]
+    return [
+        Setting(engine, ac, every_n, m, per_gpu_batch // m)
+        for engine in engines
+        for ac, every_n in AC_MODES
+        for m in micro
+    ]
 
 
-def plan(trace: StepTrace, per_gpu_batch: int, world: int, gpu_mem: float, precision: str, optimizer: str,
-         peak_flops: float, mfu: float, bandwidth: float) -> tuple[list[Prediction], Prediction | None]:
+def plan(
+    trace: StepTrace,
+    per_gpu_batch: int,
+    world: int,
+    gpu_mem: float,
+    precision: str,
+    optimizer: str,
+    peak_flops: float,
+    mfu: float,
+    bandwidth: float,
+) -> tuple[list[Prediction], Prediction | None]:
     """Predictions of every engine at the full micro-batch without checkpointing, and the fastest predicted
     setting (engine, checkpointing, micro-batch, accumulation) whose memory fits in HEADROOM x gpu_mem."""
+
     def run(setting):
         return predict(trace, setting, world, precision, optimizer, peak_flops, mfu, bandwidth)
 
@@ -169,27 +199,36 @@ def plan(trace: StepTrace, per_gpu_batch: int, world: int, gpu_mem: float, preci
 
 
 def gib(value: float) -> str:
-    return f"{value / 2 ** 30:7.2f}"
+    return f"{value / 2**30:7.2f}"
 
 
-def format_plan(trace: StepTrace, table: list[Prediction], best: Prediction | None, world: int, gpu_mem: float,
-                per_gpu_batch: int) -> str:
+def format_plan(
+    trace: StepTrace, table: list[Prediction], best: Prediction | None, world: int, gpu_mem: float, per_gpu_batch: int
+) -> str:
     keys = ("params", "grads", "optimizer", "teacher", "buffers", "activations", "transient", "total")
-    lines = [f"per-GPU memory (GiB) and step time at {world} GPU(s), {per_gpu_batch} image(s) per GPU, no "
-             f"checkpointing:",
-             f"{'engine':8s}" + "".join(f"{k[:8]:>9s}" for k in keys) + f"{'compute s':>10s}{'comm s':>9s}"
-             f"{'step s':>9s}  fits"]
+    lines = [
+        f"per-GPU memory (GiB) and step time at {world} GPU(s), {per_gpu_batch} image(s) per GPU, no checkpointing:",
+        f"{'engine':8s}" + "".join(f"{k[:8]:>9s}" for k in keys) + f"{'compute s':>10s}{'comm s':>9s}"
+        f"{'step s':>9s}  fits",
+    ]
     for p in table:
         fits = "yes" if p.memory["total"] <= HEADROOM * gpu_mem else "no"
-        lines.append(f"{p.setting.engine:8s}" + "".join(f"{gib(p.memory[k]):>9s}" for k in keys)
-                     + f"{p.compute_s:10.3f}{p.comm_s:9.3f}{p.step_s:9.3f}  {fits}")
+        lines.append(
+            f"{p.setting.engine:8s}"
+            + "".join(f"{gib(p.memory[k]):>9s}" for k in keys)
+            + f"{p.compute_s:10.3f}{p.comm_s:9.3f}{p.step_s:9.3f}  {fits}"
+        )
     none, full = (activation_bytes(trace, 1, ac) for ac in ("none", "full"))
-    lines.append(f"activations per image: {none / 2 ** 20:.1f} MiB without checkpointing, {full / 2 ** 20:.1f} MiB "
-                 f"with full checkpointing; model FLOPs per image {step_flops(trace, 1) / 1e9:.1f} G")
+    lines.append(
+        f"activations per image: {none / 2**20:.1f} MiB without checkpointing, {full / 2**20:.1f} MiB "
+        f"with full checkpointing; model FLOPs per image {step_flops(trace, 1) / 1e9:.1f} G"
+    )
     if best is None:
-        lines.append(f"no setting fits in {HEADROOM:.0%} of {gpu_mem / 2 ** 30:.0f} GiB: use more GPUs")
+        lines.append(f"no setting fits in {HEADROOM:.0%} of {gpu_mem / 2**30:.0f} GiB: use more GPUs")
     else:
-        lines.append(f"proposed: {best.setting.label()}: {gib(best.memory['total']).strip()} GiB, "
-                     f"{best.step_s:.3f} s/step predicted")
+        lines.append(
+            f"proposed: {best.setting.label()}: {gib(best.memory['total']).strip()} GiB, "
+            f"{best.step_s:.3f} s/step predicted"
+        )
         lines.append("  overrides: " + " ".join(best.setting.overrides()))
     return "\n".join(lines)

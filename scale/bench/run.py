@@ -20,8 +20,8 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -105,8 +105,15 @@ def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: 
     phases = {name: timer.totals[name] / steps for name in ("forward", "backward", "optimizer")}
     phases["data"] = sum(waits) / steps
     phases["other"] = max(0.0, statistics.mean(times) - sum(phases.values()))
-    result = {"step_s": statistics.mean(times), "step_s_median": statistics.median(times), "step_s_min": min(times),
-              "phases": phases, "state": trainer.engine.memory(), "loss": record["loss"], **memory.result()}
+    result = {
+        "step_s": statistics.mean(times),
+        "step_s_median": statistics.median(times),
+        "step_s_min": min(times),
+        "phases": phases,
+        "state": trainer.engine.memory(),
+        "loss": record["loss"],
+        **memory.result(),
+    }
     del trainer, batches
     gc.collect()
     return result
@@ -134,8 +141,15 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
     return _PEAKS[key]
 
 
-def bench_config(cfg, info: DistInfo, device: torch.device, steps: int = 5, warmup: int = 1,
-                 synthetic: bool = False, count_flops: bool = True) -> dict:
+def bench_config(
+    cfg,
+    info: DistInfo,
+    device: torch.device,
+    steps: int = 5,
+    warmup: int = 1,
+    synthetic: bool = False,
+    count_flops: bool = True,
+) -> dict:
     """Collective: one setting's numbers (meaningful on rank 0)."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
@@ -148,14 +162,24 @@ def bench_config(cfg, info: DistInfo, device: torch.device, steps: int = 5, warm
     result = combine(ranks)
     world, batch = info.world_size, cfg.train.global_batch
     crops = sum(n for n, _ in crop_layout(cfg.data.views))
-    result.update(world=world, global_batch=batch, per_rank_batch=batch // world, crops_per_image=crops,
-                  images_per_s=batch / result["step_s"], crops_per_s=batch * crops / result["step_s"])
+    result.update(
+        world=world,
+        global_batch=batch,
+        per_rank_batch=batch // world,
+        crops_per_image=crops,
+        images_per_s=batch / result["step_s"],
+        crops_per_s=batch * crops / result["step_s"],
+    )
     result["images_per_s_per_device"] = result["images_per_s"] / world
     result["crops_per_s_per_device"] = result["crops_per_s"] / world
     if count_flops:
         trace = trace_step(cfg)  # on every rank: the loss it runs may call collectives (DINO's center)
         peak, source = peak_flops(device, cfg.engine.precision)
         flops = step_flops(trace, batch)
-        result.update(flops_per_step=flops, peak_flops_per_device=peak, peak_source=source,
-                      mfu=flops / result["step_s"] / (peak * world))
+        result.update(
+            flops_per_step=flops,
+            peak_flops_per_device=peak,
+            peak_source=source,
+            mfu=flops / result["step_s"] / (peak * world),
+        )
     return result

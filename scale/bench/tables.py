@@ -28,15 +28,32 @@ from scale.models.flops import count_macs
 from scale.models.registry import build_backbone
 from scale.recipes.smoke import smoke_overrides
 
-DINO8 = [("2x224", "dino/table8/crops_2x224_0x96_ep300"), ("2x224+2x96", "dino/table8/crops_2x224_2x96_ep300"),
-         ("2x224+6x96", "dino/table8/crops_2x224_6x96_ep300"),
-         ("2x224+10x96", "dino/table8/crops_2x224_10x96_ep300")]
-ESVIT9 = [("(a) ViT-S bs1", "a_vit_s_bs1"), ("(a) ViT-S bs8", "a_vit_s_bs8"), ("(a) ViT-S bs12", "a_vit_s_bs12"),
-          ("(a) Swin-T bs1", "a_swin_t_bs1"), ("(a) Swin-T bs8", "a_swin_t_bs8"), ("(a) Swin-T bs12", "a_swin_t_bs12"),
-          ("(b) Swin-T W7", "b_swin_t_w7"), ("(b) Swin-T W14", "b_swin_t_w14"), ("(b) Swin-S W7", "b_swin_s_w7"),
-          ("(b) Swin-S W14", "b_swin_s_w14"), ("(b) Swin-B W7", "b_swin_b_w7"), ("(b) Swin-B W14", "b_swin_b_w14")]
-MOCO3 = [("ViT-S/16", "mocov3/table4/vit_s_mocov3", 4.6, 256, 1.2), ("ViT-B/16", "mocov3/table1/vit_b", 17.5, 256, 2.1),
-         ("ViT-L/16", "mocov3/table1/vit_l", 61.3, 256, 6.1), ("ViT-H/14", "mocov3/table1/vit_h", 166.7, 512, 9.8)]
+DINO8 = [
+    ("2x224", "dino/table8/crops_2x224_0x96_ep300"),
+    ("2x224+2x96", "dino/table8/crops_2x224_2x96_ep300"),
+    ("2x224+6x96", "dino/table8/crops_2x224_6x96_ep300"),
+    ("2x224+10x96", "dino/table8/crops_2x224_10x96_ep300"),
+]
+ESVIT9 = [
+    ("(a) ViT-S bs1", "a_vit_s_bs1"),
+    ("(a) ViT-S bs8", "a_vit_s_bs8"),
+    ("(a) ViT-S bs12", "a_vit_s_bs12"),
+    ("(a) Swin-T bs1", "a_swin_t_bs1"),
+    ("(a) Swin-T bs8", "a_swin_t_bs8"),
+    ("(a) Swin-T bs12", "a_swin_t_bs12"),
+    ("(b) Swin-T W7", "b_swin_t_w7"),
+    ("(b) Swin-T W14", "b_swin_t_w14"),
+    ("(b) Swin-S W7", "b_swin_s_w7"),
+    ("(b) Swin-S W14", "b_swin_s_w14"),
+    ("(b) Swin-B W7", "b_swin_b_w7"),
+    ("(b) Swin-B W14", "b_swin_b_w14"),
+]
+MOCO3 = [
+    ("ViT-S/16", "mocov3/table4/vit_s_mocov3", 4.6, 256, 1.2),
+    ("ViT-B/16", "mocov3/table1/vit_b", 17.5, 256, 2.1),
+    ("ViT-L/16", "mocov3/table1/vit_l", 61.3, 256, 6.1),
+    ("ViT-H/14", "mocov3/table1/vit_h", 166.7, 512, 9.8),
+]
 SMALL_BATCH = 16  # recipes with at most this global batch (EsViT Table 9) keep it at tiny scale
 TINY_BATCH = 4
 
@@ -71,48 +88,74 @@ class Measure:
         self.info, self.device = init_distributed()
 
     def __call__(self, cfg) -> dict:
-        return bench_config(cfg, self.info, self.device, steps=self.args.steps, warmup=self.args.warmup,
-                            synthetic=True, count_flops=False)
+        return bench_config(
+            cfg,
+            self.info,
+            self.device,
+            steps=self.args.steps,
+            warmup=self.args.warmup,
+            synthetic=True,
+            count_flops=False,
+        )
 
 
 def mb(value) -> float:
-    return value / 2 ** 20
+    return value / 2**20
 
 
 def dino8(args, measure) -> tuple[list[dict], str]:
-    rows, lines = [], [f"DINO Table 8 (ViT-S/16), {args.scale} scale: time/step and peak memory here; hours "
-                       f"extrapolated to the paper's devices (paper's in brackets)",
-                       f"{'crops':14s} {'batch':>5s} {'s/step':>8s} {'img/s/dev':>10s} {'peak MiB':>9s} "
-                       f"{'100ep h':>9s} {'300ep h':>9s} {'paper 300ep h':>14s} {'paper mem':>10s}"]
+    rows, lines = (
+        [],
+        [
+            f"DINO Table 8 (ViT-S/16), {args.scale} scale: time/step and peak memory here; hours "
+            f"extrapolated to the paper's devices (paper's in brackets)",
+            f"{'crops':14s} {'batch':>5s} {'s/step':>8s} {'img/s/dev':>10s} {'peak MiB':>9s} "
+            f"{'100ep h':>9s} {'300ep h':>9s} {'paper 300ep h':>14s} {'paper mem':>10s}",
+        ],
+    )
     for name, recipe in DINO8:
         cfg = scaled(recipe, args.scale, args.batch, args.overrides)
         r = measure(cfg)
         full, devices = load_recipe(recipe, args.overrides), cfg.meta.devices
-        row = {"crops": name, "batch": cfg.train.global_batch, "step_s": r["step_s"], "peak_bytes": r["peak_bytes"],
-               "images_per_s_per_device": r["images_per_s_per_device"],
-               "hours_100": hours(100, full, r["images_per_s_per_device"], devices),
-               "hours_300": hours(300, full, r["images_per_s_per_device"], devices),
-               "paper": dict(cfg.meta.reported)}
+        row = {
+            "crops": name,
+            "batch": cfg.train.global_batch,
+            "step_s": r["step_s"],
+            "peak_bytes": r["peak_bytes"],
+            "images_per_s_per_device": r["images_per_s_per_device"],
+            "hours_100": hours(100, full, r["images_per_s_per_device"], devices),
+            "hours_300": hours(300, full, r["images_per_s_per_device"], devices),
+            "paper": dict(cfg.meta.reported),
+        }
         rows.append(row)
-        lines.append(f"{name:14s} {row['batch']:5d} {r['step_s']:8.3f} {r['images_per_s_per_device']:10.2f} "
-                     f"{mb(r['peak_bytes']):9.1f} {row['hours_100']:9.1f} {row['hours_300']:9.1f} "
-                     f"{row['paper'].get('time_h', '-'):>14} {str(row['paper'].get('mem_gb', '-')) + 'G':>10s}")
+        lines.append(
+            f"{name:14s} {row['batch']:5d} {r['step_s']:8.3f} {r['images_per_s_per_device']:10.2f} "
+            f"{mb(r['peak_bytes']):9.1f} {row['hours_100']:9.1f} {row['hours_300']:9.1f} "
+            f"{row['paper'].get('time_h', '-'):>14} {str(row['paper'].get('mem_gb', '-')) + 'G':>10s}"
+        )
     return rows, "\n".join(lines)
 
 
 def measured(result: dict, flops: float) -> dict:
     """A setting's numbers in a table row: the median step time (on a shared machine a few steps slowed by other
     processes would move a mean), the mean and the phases beside it."""
-    return {"peak_bytes": result["peak_bytes"], "step_s": result["step_s_median"], "step_s_mean": result["step_s"],
-            "phases": result["phases"], "flops": flops}
+    return {
+        "peak_bytes": result["peak_bytes"],
+        "step_s": result["step_s_median"],
+        "step_s_mean": result["step_s"],
+        "phases": result["phases"],
+        "flops": flops,
+    }
 
 
 def esvit9(args, measure) -> tuple[list[dict], str]:
     rows = []
-    lines = [f"EsViT Table 9, {args.scale} scale: [peak MiB / median s per iteration] here, paper's in brackets; "
-             f"FLOP x = the time ratio the model FLOPs of the extra region passes predict",
-             f"{'row':16s} {'batch':>5s} {'LV':>20s} {'LV+LR':>20s} {'mem x':>6s} {'time x':>7s} {'FLOP x':>7s} "
-             f"{'paper LV':>16s} {'paper LV+LR':>16s} {'paper x':>13s}"]
+    lines = [
+        f"EsViT Table 9, {args.scale} scale: [peak MiB / median s per iteration] here, paper's in brackets; "
+        f"FLOP x = the time ratio the model FLOPs of the extra region passes predict",
+        f"{'row':16s} {'batch':>5s} {'LV':>20s} {'LV+LR':>20s} {'mem x':>6s} {'time x':>7s} {'FLOP x':>7s} "
+        f"{'paper LV':>16s} {'paper LV+LR':>16s} {'paper x':>13s}",
+    ]
     for name, stem in ESVIT9:
         if args.rows and not any(name.endswith(part) for part in args.rows):
             continue
@@ -122,10 +165,16 @@ def esvit9(args, measure) -> tuple[list[dict], str]:
             pair[loss] = (cfg, measure(cfg), step_flops(trace_step(cfg), cfg.train.global_batch))
         (cfg, lv, lv_flops), (_, lvlr, lvlr_flops) = pair["lv"], pair["lvlr"]
         paper = {k: dict(pair[k][0].meta.reported) for k in pair}
-        row = {"row": name, "batch": cfg.train.global_batch, "lv": measured(lv, lv_flops),
-               "lvlr": measured(lvlr, lvlr_flops), "mem_ratio": lvlr["peak_bytes"] / lv["peak_bytes"],
-               "time_ratio": lvlr["step_s_median"] / lv["step_s_median"], "flops_ratio": lvlr_flops / lv_flops,
-               "paper": paper}
+        row = {
+            "row": name,
+            "batch": cfg.train.global_batch,
+            "lv": measured(lv, lv_flops),
+            "lvlr": measured(lvlr, lvlr_flops),
+            "mem_ratio": lvlr["peak_bytes"] / lv["peak_bytes"],
+            "time_ratio": lvlr["step_s_median"] / lv["step_s_median"],
+            "flops_ratio": lvlr_flops / lv_flops,
+            "paper": paper,
+        }
         rows.append(row)
         p_lv, p_lr = paper["lv"], paper["lvlr"]
         lines.append(
@@ -133,7 +182,8 @@ def esvit9(args, measure) -> tuple[list[dict], str]:
             f"{mb(lvlr['peak_bytes']):10.1f}/{lvlr['step_s_median']:8.3f} {row['mem_ratio']:6.2f} "
             f"{row['time_ratio']:7.2f} {row['flops_ratio']:7.2f} "
             f"{p_lv['mem_mb']:>8}/{p_lv['s_per_iter']:.3f} {p_lr['mem_mb']:>8}/{p_lr['s_per_iter']:.3f} "
-            f"{p_lr['mem_mb'] / p_lv['mem_mb']:6.2f}/{p_lr['s_per_iter'] / p_lv['s_per_iter']:5.2f}")
+            f"{p_lr['mem_mb'] / p_lv['mem_mb']:6.2f}/{p_lr['s_per_iter'] / p_lv['s_per_iter']:5.2f}"
+        )
     return rows, "\n".join(lines)
 
 
@@ -143,10 +193,15 @@ def gmacs_224(model_cfg) -> float:
 
 
 def mocov3_3(args, measure) -> tuple[list[dict], str]:
-    rows, lines = [], [f"MoCo v3 Table 3, {args.scale} scale: GMACs per 224 crop (full-size model), hours per 100 "
-                       f"epochs extrapolated from the measured images/s per device (paper's TPU v3 in brackets)",
-                       f"{'model':9s} {'GMACs':>7s} {'vs R50':>7s} {'batch':>5s} {'s/step':>8s} {'img/s/dev':>10s} "
-                       f"{'devices':>8s} {'100ep h':>9s} {'paper GMACs':>12s} {'paper h':>8s}"]
+    rows, lines = (
+        [],
+        [
+            f"MoCo v3 Table 3, {args.scale} scale: GMACs per 224 crop (full-size model), hours per 100 "
+            f"epochs extrapolated from the measured images/s per device (paper's TPU v3 in brackets)",
+            f"{'model':9s} {'GMACs':>7s} {'vs R50':>7s} {'batch':>5s} {'s/step':>8s} {'img/s/dev':>10s} "
+            f"{'devices':>8s} {'100ep h':>9s} {'paper GMACs':>12s} {'paper h':>8s}",
+        ],
+    )
     r50 = count_macs(build_backbone(ModelConfig(name="resnet50"), device="meta"), 224) / 1e9
     for name, recipe, paper_gmacs, paper_devices, paper_hours in MOCO3:
         full = load_recipe(recipe, args.overrides)
@@ -154,14 +209,23 @@ def mocov3_3(args, measure) -> tuple[list[dict], str]:
         r = measure(cfg)
         devices = args.devices or paper_devices
         gmacs = gmacs_224(full.model)
-        row = {"model": name, "gmacs_per_crop": gmacs, "vs_r50": gmacs / r50, "batch": cfg.train.global_batch,
-               "step_s": r["step_s"], "images_per_s_per_device": r["images_per_s_per_device"], "devices": devices,
-               "hours_100": hours(100, full, r["images_per_s_per_device"], devices),
-               "paper": {"gmacs": paper_gmacs, "devices": paper_devices, "hours_100": paper_hours}}
+        row = {
+            "model": name,
+            "gmacs_per_crop": gmacs,
+            "vs_r50": gmacs / r50,
+            "batch": cfg.train.global_batch,
+            "step_s": r["step_s"],
+            "images_per_s_per_device": r["images_per_s_per_device"],
+            "devices": devices,
+            "hours_100": hours(100, full, r["images_per_s_per_device"], devices),
+            "paper": {"gmacs": paper_gmacs, "devices": paper_devices, "hours_100": paper_hours},
+        }
         rows.append(row)
-        lines.append(f"{name:9s} {gmacs:7.1f} {gmacs / r50:6.1f}x {row['batch']:5d} {r['step_s']:8.3f} "
-                     f"{r['images_per_s_per_device']:10.2f} {devices:8d} {row['hours_100']:9.1f} "
-                     f"{paper_gmacs:12.1f} {paper_hours:8.1f}")
+        lines.append(
+            f"{name:9s} {gmacs:7.1f} {gmacs / r50:6.1f}x {row['batch']:5d} {r['step_s']:8.3f} "
+            f"{r['images_per_s_per_device']:10.2f} {devices:8d} {row['hours_100']:9.1f} "
+            f"{paper_gmacs:12.1f} {paper_hours:8.1f}"
+        )
     return rows, "\n".join(lines)
 
 
@@ -173,12 +237,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("table", choices=sorted(TABLES))
     parser.add_argument("overrides", nargs="*", help="section.key=value, applied to every row's recipe")
     parser.add_argument("--scale", default="tiny", choices=("tiny", "full"))
-    parser.add_argument("--batch", type=int, help="global batch of every row (default: the recipe's at full "
-                                                  "scale; at tiny scale kept when <= 16, else 4)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        help="global batch of every row (default: the recipe's at full scale; at tiny scale kept when <= 16, else 4)",
+    )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--rows", nargs="+", help="esvit9: only rows whose name ends with one of these, e.g. "
-                                                      "'Swin-T bs8'")
+    parser.add_argument(
+        "--rows", nargs="+", help="esvit9: only rows whose name ends with one of these, e.g. 'Swin-T bs8'"
+    )
     parser.add_argument("--devices", type=int, help="mocov3-3: devices to extrapolate to (default: the paper's)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     return parser

@@ -98,12 +98,20 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
 class _BlockHooks:
     """Forward hooks opening a BlockCall per block call: saved bytes (memory pass) or FLOPs (flop pass)."""
 
-    def __init__(self, blocks: list[nn.Module], calls: list[BlockCall], saved: _Saved | None = None,
-                 counter: FlopCounterMode | None = None):
+    def __init__(
+        self,
+        blocks: list[nn.Module],
+        calls: list[BlockCall],
+        saved: _Saved | None = None,
+        counter: FlopCounterMode | None = None,
+    ):
         self.calls, self.saved, self.counter = calls, saved, counter
         self.position = 0
-        self.handles = [h for i, block in enumerate(blocks) for h in (
-            block.register_forward_pre_hook(self._pre(i)), block.register_forward_hook(self._post))]
+        self.handles = [
+            h
+            for i, block in enumerate(blocks)
+            for h in (block.register_forward_pre_hook(self._pre(i)), block.register_forward_hook(self._post))
+        ]
 
     def _pre(self, index: int):
         def hook(_module, args):
@@ -113,6 +121,7 @@ class _BlockHooks:
                 self.saved.current = call
             else:
                 self.calls[self.position].flops -= self.counter.get_total_flops()
+
         return hook
 
     def _post(self, _module, _args, _output):
@@ -196,8 +205,7 @@ def trace_step(cfg, images: int = TRACE_IMAGES) -> StepTrace:
     trace.block_params = sum(p.numel() for b in blocks for p in b.parameters())
     if nets["teacher"] is not None:
         trace.teacher_params = sum(p.numel() for p in nets["teacher"].parameters())
-    trace.buffers = sum(b.numel() * b.element_size() for net in nets.values() if net is not None
-                        for b in net.buffers())
+    trace.buffers = sum(b.numel() * b.element_size() for net in nets.values() if net is not None for b in net.buffers())
     method.student = _StandIn(student, fake, trace, "student")
     if nets["teacher"] is not None:
         method.teacher = _StandIn(nets["teacher"], fake, trace, "teacher")

@@ -65,9 +65,13 @@ class Checkpointer:
         if self.info.is_main:
             self.store.prepare(step)
         _barrier()
-        meta = {"epoch": step // max(self.loader.steps_per_epoch, 1), "engine": self.cfg.engine.kind,
-                "world_size": self.info.world_size, "recipe": self.cfg.meta.name,
-                "samples_seen": self.loader.state_dict().get("position")}
+        meta = {
+            "epoch": step // max(self.loader.steps_per_epoch, 1),
+            "engine": self.cfg.engine.kind,
+            "world_size": self.info.world_size,
+            "recipe": self.cfg.meta.name,
+            "samples_seen": self.loader.state_dict().get("position"),
+        }
         (staging / "rng").mkdir(exist_ok=True)
         torch.save(rng.capture(), staging / "rng" / f"rank{self.info.rank}.pt")
         monitors = self.monitors.state_dict()  # a collective; then the same on every rank
@@ -79,12 +83,16 @@ class Checkpointer:
                 torch.save(self._run_state(step), staging / "run_state.pt")
             self._seal(step, meta, started)
         elif self.cfg.train.async_save:
-            future = dcp.async_save({"engine": self.engine.state_dict(), "run": self._run_state(step)},
-                                    checkpoint_id=str(staging / "dcp"), process_group=self._async_group)
+            future = dcp.async_save(
+                {"engine": self.engine.state_dict(), "run": self._run_state(step)},
+                checkpoint_id=str(staging / "dcp"),
+                process_group=self._async_group,
+            )
             self._pending = (step, future, meta, started)
         else:
-            dcp.save({"engine": self.engine.state_dict(), "run": self._run_state(step)},
-                     checkpoint_id=str(staging / "dcp"))
+            dcp.save(
+                {"engine": self.engine.state_dict(), "run": self._run_state(step)}, checkpoint_id=str(staging / "dcp")
+            )
             self._seal(step, meta, started)
         self.last_save_stall_s = time.perf_counter() - started
 
@@ -110,9 +118,13 @@ class Checkpointer:
     def _record(self, step: int, folder: Path, total_s: float) -> None:
         """One line per sealed checkpoint in checkpoints/saves.jsonl: size, time to disk, and how long training
         waited for it (the whole save when synchronous; the staging copy when asynchronous)."""
-        record = {"step": step, "bytes": sum(self.store.read_meta(folder)["files"].values()),
-                  "save_s": total_s, "stall_s": self.last_save_stall_s if self.cfg.train.async_save else total_s,
-                  "async": bool(self.cfg.train.async_save)}
+        record = {
+            "step": step,
+            "bytes": sum(self.store.read_meta(folder)["files"].values()),
+            "save_s": total_s,
+            "stall_s": self.last_save_stall_s if self.cfg.train.async_save else total_s,
+            "async": bool(self.cfg.train.async_save),
+        }
         with open(self.store.root / "saves.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -130,8 +142,9 @@ class Checkpointer:
             except Exception as err:  # a damaged checkpoint must not end the run while an older one exists
                 if isinstance(err, UserError):
                     raise
-                log.warning("could not load checkpoint %s (%s: %s); trying the previous one",
-                            folder, type(err).__name__, err)
+                log.warning(
+                    "could not load checkpoint %s (%s: %s); trying the previous one", folder, type(err).__name__, err
+                )
                 continue
             log.info("resumed from %s at step %d", folder, step)
             return step
@@ -140,8 +153,10 @@ class Checkpointer:
     def load(self, folder: Path) -> int:
         meta = self.store.read_meta(folder)
         if meta["engine"] != self.cfg.engine.kind:
-            raise UserError(f"{folder} was written by engine '{meta['engine']}', this run uses "
-                            f"'{self.cfg.engine.kind}': resume with engine.kind={meta['engine']}")
+            raise UserError(
+                f"{folder} was written by engine '{meta['engine']}', this run uses "
+                f"'{self.cfg.engine.kind}': resume with engine.kind={meta['engine']}"
+            )
         if self.engine.native_checkpoint:
             self.engine.load_native(folder / "engine", meta["world_size"])
             run_state = torch.load(folder / "run_state.pt", weights_only=True)

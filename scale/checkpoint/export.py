@@ -14,14 +14,19 @@ from scale.checkpoint.store import CheckpointStore, resolve
 from scale.errors import UserError
 
 # "student": the whole student net (backbone and heads, e.g. a fine-tuned classifier)
-WHAT = {"teacher-backbone": "engine.teacher.backbone.", "student-backbone": "engine.student.backbone.",
-        "student": "engine.student."}
+WHAT = {
+    "teacher-backbone": "engine.teacher.backbone.",
+    "student-backbone": "engine.student.backbone.",
+    "student": "engine.student.",
+}
 
 
 def _reader(folder: Path) -> FileSystemReader:
     if not (folder / "dcp").is_dir():
-        raise UserError(f"{folder}: no DCP state (a DeepSpeed checkpoint? export it with engine.kind=deepspeed "
-                        f"tools: deepspeed.utils.zero_to_fp32)")
+        raise UserError(
+            f"{folder}: no DCP state (a DeepSpeed checkpoint? export it with engine.kind=deepspeed "
+            f"tools: deepspeed.utils.zero_to_fp32)"
+        )
     return FileSystemReader(str(folder / "dcp"))
 
 
@@ -39,7 +44,7 @@ def read_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
     with warnings.catch_warnings():  # DCP warns that no process group exists: reading offline is the point
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(template, storage_reader=_reader(folder), no_dist=True)
-    return {k[len(prefix):]: t for k, t in sorted(template.items())}
+    return {k[len(prefix) :]: t for k, t in sorted(template.items())}
 
 
 def checksum(tensors: dict[str, torch.Tensor]) -> str:
@@ -54,9 +59,17 @@ def info(path: str | Path) -> dict:
     folder = resolve(path)
     meta = CheckpointStore(folder.parent).read_meta(folder)
     sizes = meta.get("files", {})
-    out = {"checkpoint": str(folder), "step": meta["step"], "epoch": meta.get("epoch"), "engine": meta["engine"],
-           "world_size": meta["world_size"], "recipe": meta.get("recipe"), "samples_seen": meta.get("samples_seen"),
-           "bytes": sum(sizes.values()), "files": len(sizes)}
+    out = {
+        "checkpoint": str(folder),
+        "step": meta["step"],
+        "epoch": meta.get("epoch"),
+        "engine": meta["engine"],
+        "world_size": meta["world_size"],
+        "recipe": meta.get("recipe"),
+        "samples_seen": meta.get("samples_seen"),
+        "bytes": sum(sizes.values()),
+        "files": len(sizes),
+    }
     if (folder / "dcp").is_dir():
         keys = tensor_keys(folder)
         for part in ("student", "teacher", "optimizer"):

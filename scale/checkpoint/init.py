@@ -25,8 +25,10 @@ def load_backbone_weights(modules: list[nn.Module], path: str, sharded: bool) ->
         wanted = {k.removeprefix("backbone.") for k in _clean(_backbone_keys(module))}
         missing, unexpected = sorted(wanted - weights.keys()), sorted(weights.keys() - wanted)
         if missing or unexpected:
-            raise UserError(f"train.init_weights {path} does not match the recipe's backbone: missing "
-                            f"{missing[:5]}, unexpected {unexpected[:5]}")
+            raise UserError(
+                f"train.init_weights {path} does not match the recipe's backbone: missing "
+                f"{missing[:5]}, unexpected {unexpected[:5]}"
+            )
         prefixed = {f"backbone.{k}": v for k, v in weights.items()}
         if sharded:
             set_model_state_dict(module, prefixed, options=StateDictOptions(full_state_dict=True, strict=False))

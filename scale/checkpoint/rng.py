@@ -9,11 +9,17 @@ import torch
 def capture() -> dict:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     version, state, gauss_next = random.getstate()
-    out = {"torch": torch.get_rng_state(),
-           "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                     "has_gauss": int(has_gauss), "gauss": float(gauss)},
-           "python": {"version": version, "state": list(state),
-                      "gauss_next": gauss_next}}
+    out = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+        "python": {"version": version, "state": list(state), "gauss_next": gauss_next},
+    }
     if torch.cuda.is_available():
         out["cuda"] = torch.cuda.get_rng_state()
     return out

@@ -42,8 +42,11 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def file_sizes(folder: Path) -> dict[str, int]:
-    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != META}
+    return {
+        str(p.relative_to(folder)): p.stat().st_size
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != META
+    }
 
 
 class CheckpointStore:

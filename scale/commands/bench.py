@@ -12,9 +12,11 @@ import json
 
 
 def _data_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scale bench data",
-                                     description="images/s and crops/s of the view pipeline vs official DINO's, "
-                                                 "and of the DALI backend when installed")
+    parser = argparse.ArgumentParser(
+        prog="scale bench data",
+        description="images/s and crops/s of the view pipeline vs official DINO's, "
+        "and of the DALI backend when installed",
+    )
     parser.add_argument("recipe", help="recipe name or YAML path (its data.views and data.train are used)")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     parser.add_argument("--workers", type=int, default=1, help="processes, for both pipelines")
@@ -33,32 +35,46 @@ def bench_data(argv: list[str]) -> int:
     result = bench_views(cfg.data.views, args.shards or cfg.data.train, workers=args.workers, images=args.images)
     print(f"{result['images']} images, {result['workers']} worker(s)")
     print(f"  ours      {result['ours_images_per_s']:8.1f} images/s {result['ours_crops_per_s']:9.1f} crops/s")
-    print(f"  reference {result['reference_images_per_s']:8.1f} images/s "
-          f"{result['reference_crops_per_s']:9.1f} crops/s (official DINO: PIL, full decode, 2x224 + 10x96)")
+    print(
+        f"  reference {result['reference_images_per_s']:8.1f} images/s "
+        f"{result['reference_crops_per_s']:9.1f} crops/s (official DINO: PIL, full decode, 2x224 + 10x96)"
+    )
     print(f"  speedup   {result['speedup']:8.2f}x images/s on the same cores (wall clock)")
-    print(f"            {result['speedup_per_core']:8.2f}x per core (CPU seconds: ours {result['ours_cpu_s']:.1f}, "
-          f"reference {result['reference_cpu_s']:.1f})")
+    print(
+        f"            {result['speedup_per_core']:8.2f}x per core (CPU seconds: ours {result['ours_cpu_s']:.1f}, "
+        f"reference {result['reference_cpu_s']:.1f})"
+    )
     if not dali_available():
         print("  dali      not installed (pip install 'scale[dali]')")
         return 0
-    dali = bench_dali(cfg.data.views, args.shards or cfg.data.train, workers=args.workers, images=args.images,
-                      device=args.dali_device)
-    print(f"  dali/{dali['device']}  {dali['images_per_s']:8.1f} images/s {dali['crops_per_s']:9.1f} crops/s "
-          f"({dali['images']} images, {args.workers} thread(s), {dali['cpu_s']:.1f} CPU seconds)")
+    dali = bench_dali(
+        cfg.data.views, args.shards or cfg.data.train, workers=args.workers, images=args.images, device=args.dali_device
+    )
+    print(
+        f"  dali/{dali['device']}  {dali['images_per_s']:8.1f} images/s {dali['crops_per_s']:9.1f} crops/s "
+        f"({dali['images']} images, {args.workers} thread(s), {dali['cpu_s']:.1f} CPU seconds)"
+    )
     return 0
 
 
 def _train_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scale bench",
-                                     description="images/s, step-time phases, memory and MFU of real training steps")
+    parser = argparse.ArgumentParser(
+        prog="scale bench", description="images/s, step-time phases, memory and MFU of real training steps"
+    )
     parser.add_argument("recipe", help="recipe name or YAML path")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per setting")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
-    parser.add_argument("--synthetic-data", action="store_true",
-                        help="random batches of the recipe's crop layout instead of its shards")
-    parser.add_argument("--matrix", nargs="+", default=[], metavar="KEY=V1,V2",
-                        help="compare settings: engine, precision, ac, micro_batch, crops, batch or a recipe key")
+    parser.add_argument(
+        "--synthetic-data", action="store_true", help="random batches of the recipe's crop layout instead of its shards"
+    )
+    parser.add_argument(
+        "--matrix",
+        nargs="+",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="compare settings: engine, precision, ac, micro_batch, crops, batch or a recipe key",
+    )
     parser.add_argument("--json", help="also write the rows to this JSON file")
     parser.add_argument("--nproc", type=int, default=0, help="spawn this many local processes (CPU: gloo)")
     return parser
@@ -92,11 +108,15 @@ def bench_train(argv: list[str]) -> int:
     finally:
         shutdown()
     if detect().is_main:
-        print(f"{args.recipe}: {args.steps} timed steps after {args.warmup} warm-up and 1 profiled step, "
-              f"{rows[0]['world']} rank(s), {'synthetic' if args.synthetic_data else 'shard'} data; phases in s/step")
+        print(
+            f"{args.recipe}: {args.steps} timed steps after {args.warmup} warm-up and 1 profiled step, "
+            f"{rows[0]['world']} rank(s), {'synthetic' if args.synthetic_data else 'shard'} data; phases in s/step"
+        )
         print(format_table(rows))
-        print(f"MFU against {rows[0].get('peak_source', '-')}; memory: peak tensor bytes (CUDA max allocated or "
-              f"CPU tracked allocations), state = params + grads + optimizer + teacher per rank")
+        print(
+            f"MFU against {rows[0].get('peak_source', '-')}; memory: peak tensor bytes (CUDA max allocated or "
+            f"CPU tracked allocations), state = params + grads + optimizer + teacher per rank"
+        )
         if args.json:
             with open(args.json, "w") as out:
                 json.dump(rows, out, indent=1)
@@ -112,8 +132,9 @@ def bench_table(argv: list[str]) -> int:
 def bench_ckpt(argv: list[str]) -> int:
     from scale.bench.checkpoint import measure, table
 
-    parser = argparse.ArgumentParser(prog="scale bench ckpt",
-                                     description="checkpoint size, save time and training stall: sync vs async")
+    parser = argparse.ArgumentParser(
+        prog="scale bench ckpt", description="checkpoint size, save time and training stall: sync vs async"
+    )
     parser.add_argument("recipe")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     parser.add_argument("--steps", type=int, default=12, help="training steps per run")
@@ -128,8 +149,11 @@ BENCHES = {"data": bench_data, "table": bench_table, "ckpt": bench_ckpt}
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("bench", help="throughput benchmarks: `scale bench RECIPE` (training steps), "
-                                          "`scale bench data RECIPE`, `scale bench table NAME`")
+    parser = sub.add_parser(
+        "bench",
+        help="throughput benchmarks: `scale bench RECIPE` (training steps), "
+        "`scale bench data RECIPE`, `scale bench table NAME`",
+    )
     parser.add_argument("target", help=f"a recipe, or one of: {', '.join(BENCHES)}")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of that benchmark")
     parser.set_defaults(func=cmd_bench)

@@ -14,8 +14,11 @@ def register(sub) -> None:
     show.set_defaults(func=cmd_info)
     exp = csub.add_parser("export", help="write a consolidated backbone state dict")
     exp.add_argument("path", help="run directory or step directory")
-    exp.add_argument("--what", default="teacher-backbone",
-                     help="teacher-backbone | student-backbone | student (the whole student net)")
+    exp.add_argument(
+        "--what",
+        default="teacher-backbone",
+        help="teacher-backbone | student-backbone | student (the whole student net)",
+    )
     exp.add_argument("--format", default="safetensors", help="safetensors | torch")
     exp.add_argument("--out", required=True)
     exp.set_defaults(func=cmd_export)

@@ -25,12 +25,19 @@ def register(sub) -> None:
             child.add_argument("--load-features", metavar="FILE", help="use features saved earlier; no backbone run")
         if kind == "logreg":
             child.add_argument("--suite", metavar="YAML", help="datasets: [{name, root, metric}]")
-            child.add_argument("--dataset", action="append", default=[], metavar="[NAME=]ROOT[:METRIC]",
-                               help="a data set root holding train/, test/ (and val/) shard directories; repeatable")
+            child.add_argument(
+                "--dataset",
+                action="append",
+                default=[],
+                metavar="[NAME=]ROOT[:METRIC]",
+                help="a data set root holding train/, test/ (and val/) shard directories; repeatable",
+            )
             child.add_argument("--reference", metavar="JSON", help="a reference model's results: average and wins")
         if kind == "finetune":
-            child.add_argument("--run-dir", help="the training run (default runs/finetune/<recipe>); an existing "
-                                                 "one continues from its checkpoint")
+            child.add_argument(
+                "--run-dir",
+                help="the training run (default runs/finetune/<recipe>); an existing one continues from its checkpoint",
+            )
         child.set_defaults(func=cmd_eval, eval_kind=kind, parser=child)
 
 
@@ -42,8 +49,12 @@ def _common(parser: argparse.ArgumentParser, kind: str) -> None:
     source.add_argument("--random-init", action="store_true", help="evaluate the backbone at random init")
     parser.add_argument("--model", help="backbone name (overrides model.name)")
     parser.add_argument("--out", help=f"result JSON (default eval/{kind}.json)")
-    parser.add_argument("--nproc", type=int, default=0,
-                        help="spawn this many local processes (CPU: gloo); leave unset under torchrun or srun")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=0,
+        help="spawn this many local processes (CPU: gloo); leave unset under torchrun or srun",
+    )
 
 
 def argv_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
@@ -150,8 +161,13 @@ def knn_table(result: dict) -> Table:
 def linear_table(result: dict) -> Table:
     table = Table("lr (per 256)", "lr", "val top-1 (%)", "test top-1 (%)", "", title=_title(result))
     for i, (base, lr) in enumerate(zip(result["base_lrs"], result["lrs"])):
-        table.add_row(f"{base:g}", f"{lr:g}", f"{result['val_top1'][i]:.2f}", f"{result['test_top1_all'][i]:.2f}",
-                      "chosen" if i == result["best_index"] else "")
+        table.add_row(
+            f"{base:g}",
+            f"{lr:g}",
+            f"{result['val_top1'][i]:.2f}",
+            f"{result['test_top1_all'][i]:.2f}",
+            "chosen" if i == result["best_index"] else "",
+        )
     return table
 
 
@@ -160,8 +176,13 @@ def logreg_table(result: dict) -> Table:
     table = Table("data set", "metric", "score", "lambda", "reference", title=_title(result))
     for name, entry in result["datasets"].items():
         ref = reference.get(name, {}).get("reference")
-        table.add_row(name, entry["metric"], f"{entry['score']:.2f}", f"{entry['best_lambda']:.3g}",
-                      "" if ref is None else f"{ref:.2f}")
+        table.add_row(
+            name,
+            entry["metric"],
+            f"{entry['score']:.2f}",
+            f"{entry['best_lambda']:.3g}",
+            "" if ref is None else f"{ref:.2f}",
+        )
     footer = f"{result['average']:.2f}"
     if "reference" in result:
         footer += f" (wins {result['reference']['wins']}/{result['reference']['compared']})"
@@ -171,8 +192,13 @@ def logreg_table(result: dict) -> Table:
 
 def correspondence_table(result: dict) -> Table:
     table = Table("images", "top", "accuracy (%)", "distance error (px)", "similarity", title=_title(result))
-    table.add_row(str(result["images"]), str(result["top"]), f"{result['accuracy']:.2f}",
-                  f"{result['distance_error_px']:.2f}", f"{result['similarity']:.3f}")
+    table.add_row(
+        str(result["images"]),
+        str(result["top"]),
+        f"{result['accuracy']:.2f}",
+        f"{result['distance_error_px']:.2f}",
+        f"{result['similarity']:.3f}",
+    )
     return table
 
 
@@ -183,5 +209,10 @@ def finetune_table(result: dict) -> Table:
     return table
 
 
-TABLES = {"knn": knn_table, "linear": linear_table, "logreg": logreg_table, "correspondence": correspondence_table,
-          "finetune": finetune_table}
+TABLES = {
+    "knn": knn_table,
+    "linear": linear_table,
+    "logreg": logreg_table,
+    "correspondence": correspondence_table,
+    "finetune": finetune_table,
+}

@@ -6,10 +6,16 @@ from rich.console import Console
 from rich.table import Table
 
 # (row key, title, format)
-COLUMNS = [("model", "model", "{}"), ("params_M", "params (M)", "{:.2f}"), ("global_GMACs", "GMACs 224", "{:.2f}"),
-           ("global_tokens", "tokens 224", "{}"), ("local_px", "local px", "{}"),
-           ("local_GMACs", "GMACs local", "{:.3f}"), ("local_tokens", "tokens local", "{}"),
-           ("recipes", "recipes", "{}")]
+COLUMNS = [
+    ("model", "model", "{}"),
+    ("params_M", "params (M)", "{:.2f}"),
+    ("global_GMACs", "GMACs 224", "{:.2f}"),
+    ("global_tokens", "tokens 224", "{}"),
+    ("local_px", "local px", "{}"),
+    ("local_GMACs", "GMACs local", "{:.3f}"),
+    ("local_tokens", "tokens local", "{}"),
+    ("recipes", "recipes", "{}"),
+]
 
 
 def register(sub) -> None:
@@ -17,8 +23,11 @@ def register(sub) -> None:
     msub = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     tab = msub.add_parser("table", help="parameters, multiply-adds and tokens per 224 px and local crop")
     tab.add_argument("--json", action="store_true", help="print JSON for machines")
-    tab.add_argument("--models", help="comma-separated name[/patch][/wWINDOW][/hHEADS], e.g. vit_large/7,swin_base/w14"
-                                      " (default: the papers' models and every model a recipe uses)")
+    tab.add_argument(
+        "--models",
+        help="comma-separated name[/patch][/wWINDOW][/hHEADS], e.g. vit_large/7,swin_base/w14"
+        " (default: the papers' models and every model a recipe uses)",
+    )
     tab.set_defaults(func=cmd_table)
 
 

@@ -8,11 +8,16 @@ def register(sub) -> None:
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     parser.add_argument("--gpus", type=int, required=True, help="number of GPUs (ranks)")
     parser.add_argument("--gpu-mem", type=float, required=True, help="memory per GPU, GB (GiB)")
-    parser.add_argument("--gpu-tflops", type=float,
-                        help="peak TFLOP/s of one GPU in the recipe's precision (default: an A100's)")
+    parser.add_argument(
+        "--gpu-tflops", type=float, help="peak TFLOP/s of one GPU in the recipe's precision (default: an A100's)"
+    )
     parser.add_argument("--mfu", type=float, default=0.4, help="fraction of the peak a step achieves")
-    parser.add_argument("--bandwidth", type=float, default=50.0,
-                        help="collective bandwidth per GPU, GB/s (NVLink in a node: 100+, InfiniBand: 12-50)")
+    parser.add_argument(
+        "--bandwidth",
+        type=float,
+        default=50.0,
+        help="collective bandwidth per GPU, GB/s (NVLink in a node: 100+, InfiniBand: 12-50)",
+    )
     parser.set_defaults(func=cmd_plan)
 
 
@@ -32,9 +37,12 @@ def cmd_plan(args) -> int:
     peak = args.gpu_tflops * 1e12 if args.gpu_tflops else table_peak("A100", precision)
     per_gpu = cfg.train.global_batch // args.gpus
     trace = trace_step(cfg)
-    table, best = plan(trace, per_gpu, args.gpus, args.gpu_mem * 2 ** 30, precision, cfg.optim.name, peak,
-                       args.mfu, args.bandwidth * 1e9)
-    print(f"{args.recipe}: {trace.params / 1e6:.1f} M student parameters, {precision}, {cfg.optim.name}, "
-          f"{peak / 1e12:.0f} TFLOP/s peak per GPU at {args.mfu:.0%} MFU, {args.bandwidth:.0f} GB/s")
-    print(format_plan(trace, table, best, args.gpus, args.gpu_mem * 2 ** 30, per_gpu))
+    table, best = plan(
+        trace, per_gpu, args.gpus, args.gpu_mem * 2**30, precision, cfg.optim.name, peak, args.mfu, args.bandwidth * 1e9
+    )
+    print(
+        f"{args.recipe}: {trace.params / 1e6:.1f} M student parameters, {precision}, {cfg.optim.name}, "
+        f"{peak / 1e12:.0f} TFLOP/s peak per GPU at {args.mfu:.0%} MFU, {args.bandwidth:.0f} GB/s"
+    )
+    print(format_plan(trace, table, best, args.gpus, args.gpu_mem * 2**30, per_gpu))
     return 0

@@ -23,12 +23,18 @@ def register(sub) -> None:
     show.add_argument("recipe")
     show.add_argument("overrides", nargs="*", help="section.key=value")
     show.set_defaults(func=cmd_show)
-    check = rsub.add_parser("check", help="load every recipe, build its model on the meta device, check its "
-                                          "parameter count against the paper; exit 1 listing failures")
+    check = rsub.add_parser(
+        "check",
+        help="load every recipe, build its model on the meta device, check its "
+        "parameter count against the paper; exit 1 listing failures",
+    )
     check.add_argument("--paper", help="only this paper")
     check.add_argument("--table", help="only this table")
-    check.add_argument("--smoke", action="store_true",
-                       help="also train every passing recipe shrunk to a tiny model for a few steps on 2 gloo ranks")
+    check.add_argument(
+        "--smoke",
+        action="store_true",
+        help="also train every passing recipe shrunk to a tiny model for a few steps on 2 gloo ranks",
+    )
     check.add_argument("--smoke-dir", help="where smoke runs go (default: a temporary directory)")
     check.add_argument("--json", action="store_true", help="print JSON for machines")
     check.set_defaults(func=cmd_check)
@@ -36,9 +42,17 @@ def register(sub) -> None:
 
 def summary(path) -> dict:
     cfg = load_recipe(str(path))
-    return {"name": recipe_name(path), "paper": cfg.meta.paper, "table": cfg.meta.table, "row": cfg.meta.row,
-            "model": cfg.model.name, "method": cfg.method.kind, "engine": cfg.engine.kind,
-            "global_batch": cfg.train.global_batch, "epochs": cfg.train.epochs}
+    return {
+        "name": recipe_name(path),
+        "paper": cfg.meta.paper,
+        "table": cfg.meta.table,
+        "row": cfg.meta.row,
+        "model": cfg.model.name,
+        "method": cfg.method.kind,
+        "engine": cfg.engine.kind,
+        "global_batch": cfg.train.global_batch,
+        "epochs": cfg.train.epochs,
+    }
 
 
 def _selected(args) -> list:
@@ -56,7 +70,9 @@ def _selected(args) -> list:
 
 def cmd_list(args) -> int:
     rows = [summary(p) for p in list_recipes()]
-    rows = [r for r in rows if (not args.paper or r["paper"] == args.paper) and (not args.table or r["table"] == args.table)]
+    rows = [
+        r for r in rows if (not args.paper or r["paper"] == args.paper) and (not args.table or r["table"] == args.table)
+    ]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -94,8 +110,12 @@ def cmd_check(args) -> int:
         table = Table("recipe", "params (M)", "result", *(["smoke"] if args.smoke else []))
         for r in results:
             params = "" if r["params_m"] is None else f"{r['params_m']:.2f}"
-            table.add_row(r["name"], params, "ok" if r["ok"] else r["message"] or "failed",
-                          *([r.get("smoke", "-")] if args.smoke else []))
+            table.add_row(
+                r["name"],
+                params,
+                "ok" if r["ok"] else r["message"] or "failed",
+                *([r.get("smoke", "-")] if args.smoke else []),
+            )
         Console().print(table)
         where = f"; smoke runs in {smoke_dir}" if smoke_dir else ""
         print(f"{len(results) - len(failed)} of {len(results)} recipes pass{where}")

@@ -7,8 +7,11 @@ def register(sub) -> None:
     parser = sub.add_parser("shards", help="build and verify WebDataset shards (see data_shards/README.md)")
     ssub = parser.add_subparsers(dest="shards_command", required=True, metavar="ACTION")
     build = ssub.add_parser("build", help="write shards from a source data set (resumes a partial build)")
-    build.add_argument("--source", required=True,
-                       help="KIND:PATH, KIND in imagefolder, imagenet22k, openimages, embedded (embedded:digits)")
+    build.add_argument(
+        "--source",
+        required=True,
+        help="KIND:PATH, KIND in imagefolder, imagenet22k, openimages, embedded (embedded:digits)",
+    )
     build.add_argument("--out", required=True, help="shard directory (embedded: writes OUT/train and OUT/val)")
     build.add_argument("--labels", help="openimages: image-level label CSV (ImageID,Source,LabelName,Confidence)")
     build.add_argument("--shard-size", type=int, default=1000, help="samples per shard")
@@ -20,8 +23,10 @@ def register(sub) -> None:
     verify.add_argument("dir")
     verify.add_argument("--no-decode", action="store_true", help="skip decoding every image")
     verify.set_defaults(func=cmd_verify)
-    dali_index = ssub.add_parser("dali-index", help="write the index files of DALI's webdataset reader (data.backend="
-                                                     "dali; `build` writes them too)")
+    dali_index = ssub.add_parser(
+        "dali-index",
+        help="write the index files of DALI's webdataset reader (data.backend=dali; `build` writes them too)",
+    )
     dali_index.add_argument("dir")
     dali_index.set_defaults(func=cmd_dali_index)
 
@@ -36,10 +41,18 @@ def cmd_build(args) -> int:
         dirs = embedded.build(path, args.out, progress=True)
         print(f"wrote {dirs['train']} and {dirs['val']}")
         return 0
-    manifest = build_shards(open_source(kind, path, args.labels), args.out, shard_size=args.shard_size,
-                            max_side=args.max_side, workers=args.workers, quality=args.quality)
-    print(f"wrote {manifest['num_samples']} samples in {len(manifest['shards'])} shards to {args.out}; "
-          f"skipped {manifest['num_skipped']} (see {Path(args.out) / manifest['skipped_report']})")
+    manifest = build_shards(
+        open_source(kind, path, args.labels),
+        args.out,
+        shard_size=args.shard_size,
+        max_side=args.max_side,
+        workers=args.workers,
+        quality=args.quality,
+    )
+    print(
+        f"wrote {manifest['num_samples']} samples in {len(manifest['shards'])} shards to {args.out}; "
+        f"skipped {manifest['num_skipped']} (see {Path(args.out) / manifest['skipped_report']})"
+    )
     return 0
 
 

@@ -19,8 +19,12 @@ def register(sub) -> None:
     parser.add_argument("--constraint")
     parser.add_argument("--cpus-per-task", type=int)
     parser.add_argument("--mem", help="memory per node, e.g. 256G")
-    parser.add_argument("--signal-lead", type=int, default=120,
-                        help="seconds before the time limit at which the run checkpoints and requeues (default 120)")
+    parser.add_argument(
+        "--signal-lead",
+        type=int,
+        default=120,
+        help="seconds before the time limit at which the run checkpoints and requeues (default 120)",
+    )
     parser.add_argument("--job-name", help="default: the recipe name")
     parser.add_argument("--run-dir", help="run directory (default runs/<recipe>); a sweep puts task_NNN/ inside")
     parser.add_argument("--sweep", help="YAML list of override sets: one job array task and run directory each")
@@ -31,9 +35,19 @@ def register(sub) -> None:
 
 def cmd_submit(args) -> int:
     options = slurm.SlurmOptions(
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
-        partition=args.partition, time=args.time, account=args.account, qos=args.qos, constraint=args.constraint,
-        cpus_per_task=args.cpus_per_task, mem=args.mem, signal_lead=args.signal_lead, job_name=args.job_name)
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        tasks_per_node=args.tasks_per_node,
+        partition=args.partition,
+        time=args.time,
+        account=args.account,
+        qos=args.qos,
+        constraint=args.constraint,
+        cpus_per_task=args.cpus_per_task,
+        mem=args.mem,
+        signal_lead=args.signal_lead,
+        job_name=args.job_name,
+    )
     job = slurm.plan(args.recipe, args.overrides, args.run_dir, options, sweep=args.sweep)
     script = slurm.write(job, args.template)
     if args.dry_run:

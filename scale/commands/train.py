@@ -6,8 +6,12 @@ def register(sub) -> None:
     parser.add_argument("recipe", help="recipe name (see `scale recipes list`) or YAML path")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     parser.add_argument("--run-dir", help="run directory (default runs/<recipe>)")
-    parser.add_argument("--nproc", type=int, default=0,
-                        help="spawn this many local processes (CPU: gloo); leave unset under torchrun or srun")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=0,
+        help="spawn this many local processes (CPU: gloo); leave unset under torchrun or srun",
+    )
     parser.set_defaults(func=cmd_train)
 
 

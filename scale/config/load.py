@@ -9,8 +9,9 @@ import difflib
 import os
 import re
 import typing
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf

@@ -1,7 +1,7 @@
 """The typed recipe: one dataclass per section, composed from the packages that own each concern."""
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from scale.data.config import DataConfig
 from scale.engine.config import EngineConfig, OptimConfig
@@ -16,7 +16,7 @@ class MetaConfig:
     table: str = ""
     row: str = ""
     devices: int = 8  # device count the paper's row assumes
-    reported: Dict[str, Any] = field(default_factory=dict)  # the paper's numbers for this row
+    reported: dict[str, Any] = field(default_factory=dict)  # the paper's numbers for this row
     notes: str = ""
 
 
@@ -24,15 +24,15 @@ class MetaConfig:
 class TrainConfig:
     epochs: int = 100
     global_batch: int = 1024
-    samples_per_epoch: Optional[int] = None  # None: the train manifest's sample count
-    max_steps: Optional[int] = None  # stop early (smoke runs, benchmarks)
+    samples_per_epoch: int | None = None  # None: the train manifest's sample count
+    max_steps: int | None = None  # stop early (smoke runs, benchmarks)
     seed: int = 0
     log_every: int = 10
     ckpt_every_steps: int = 0  # 0: once per epoch
     keep_last: int = 2
     keep_every: int = 0  # also keep every M-th step's checkpoint (0: none)
     async_save: bool = False
-    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     knn_monitor_every: int = 0  # steps; 0 disables the k-NN monitor
     grad_monitor_every: int = 0  # steps; per-layer gradient norms and spikes (MoCo v3 Fig. 4); 0 disables
     # methods with a class head (supervised, DRLoc, fine-tuning rows): top-1/top-5 on data.val every this many
@@ -47,7 +47,7 @@ class TrainConfig:
 class EvalConfig:
     batch_size: int = 128  # images per rank in every evaluation pass (DINO: 128 per GPU)
     # k-NN (DINO eval_knn.py): weighted votes exp(sim / T) of the k nearest L2-normalised training features
-    knn_k: List[int] = field(default_factory=lambda: [10, 20, 100, 200])
+    knn_k: list[int] = field(default_factory=lambda: [10, 20, 100, 200])
     knn_temperature: float = 0.07
     # k-NN monitor during pre-training (MoCo v3 appendix; Wu et al. 2018 k-NN): queue = 10% of ImageNet-1k
     knn_monitor_queue: int = 128000
@@ -56,7 +56,7 @@ class EvalConfig:
     linear_n_last_blocks: int = 4  # DINO: 4 for ViT-S, 1 for ViT-B (with avgpool)
     linear_avgpool: bool = False  # ViT: also the mean of the last block's patch tokens
     # the grid trained at once; each lr is for 256 images and scales linearly with the global batch (DINO)
-    linear_lrs: List[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1])
+    linear_lrs: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1])
     linear_epochs: int = 100
     linear_val_fraction: float = 0.01  # training samples held out (by key) to choose the lr
     # logistic-regression transfer suite (EsViT C.5): L-BFGS, lambda searched over 1e-6..1e6
@@ -64,9 +64,9 @@ class EvalConfig:
     logreg_val_fraction: float = 0.2  # carved from train when a data set ships no val split besides its test split
     # correspondence (EsViT C.7): flip, then colour jitter and greyscale of the center crop; top-10 matches
     correspondence_top: int = 10
-    correspondence_jitter: List[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
+    correspondence_jitter: list[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
     correspondence_grayscale_p: float = 0.2
-    correspondence_images: Optional[int] = None  # None: every image of data.val (the paper: 50K ImageNet val)
+    correspondence_images: int | None = None  # None: every image of data.val (the paper: 50K ImageNet val)
 
 
 @dataclass

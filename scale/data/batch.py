@@ -22,8 +22,12 @@ class Batch:
         return self.crops[0].shape[0] // self.views_per_group[0]
 
     def to(self, device: torch.device, non_blocking: bool = True) -> "Batch":
-        return Batch([c.to(device, non_blocking=non_blocking) for c in self.crops], list(self.views_per_group),
-                     self.labels.to(device, non_blocking=non_blocking), list(self.keys))
+        return Batch(
+            [c.to(device, non_blocking=non_blocking) for c in self.crops],
+            list(self.views_per_group),
+            self.labels.to(device, non_blocking=non_blocking),
+            list(self.keys),
+        )
 
 
 def split_batch(batch: Batch, parts: int) -> list[Batch]:
@@ -38,8 +42,14 @@ def split_batch(batch: Batch, parts: int) -> list[Batch]:
     for i in range(parts):
         crops = []
         for group, views in zip(batch.crops, batch.views_per_group):
-            per_view = group.view(views, size, *group.shape[1:])[:, i * chunk:(i + 1) * chunk]
+            per_view = group.view(views, size, *group.shape[1:])[:, i * chunk : (i + 1) * chunk]
             crops.append(per_view.reshape(views * chunk, *group.shape[1:]))
-        micro.append(Batch(crops, list(batch.views_per_group), batch.labels[i * chunk:(i + 1) * chunk],
-                           batch.keys[i * chunk:(i + 1) * chunk]))
+        micro.append(
+            Batch(
+                crops,
+                list(batch.views_per_group),
+                batch.labels[i * chunk : (i + 1) * chunk],
+                batch.keys[i * chunk : (i + 1) * chunk],
+            )
+        )
     return micro

@@ -59,7 +59,7 @@ def _run(args) -> dict:
     for i in range(0, len(jpegs), batch):
         for name, run in (("ours", ours), ("reference", ref)):
             wall, cpu = time.perf_counter(), time.process_time()
-            out[name]["crops"] += run(jpegs[i:i + batch])
+            out[name]["crops"] += run(jpegs[i : i + batch])
             out[name]["wall"] += time.perf_counter() - wall
             out[name]["cpu"] += time.process_time() - cpu
     return out
@@ -73,8 +73,9 @@ def _parallel(jobs: list) -> list[dict]:
         return pool.map(_run, jobs)
 
 
-def bench_views(views_cfg, shard_dir, workers: int = 1, images: int = 200, batch: int = 32,
-                ref_n_local: int = 10) -> dict:
+def bench_views(
+    views_cfg, shard_dir, workers: int = 1, images: int = 200, batch: int = 32, ref_n_local: int = 10
+) -> dict:
     jpegs = load_jpegs(shard_dir, images)
     parts = [jpegs[w::workers] for w in range(workers)]
     results = _parallel([(views_cfg, p, batch, ref_n_local) for p in parts])
@@ -98,15 +99,17 @@ def dali_available() -> bool:
     return True
 
 
-def bench_dali(views_cfg, shard_dir, workers: int = 1, images: int = 200, batch: int = 32,
-               device: str = "auto") -> dict:
+def bench_dali(
+    views_cfg, shard_dir, workers: int = 1, images: int = 200, batch: int = 32, device: str = "auto"
+) -> dict:
     """Images/s, crops/s and CPU seconds of the DALI loader over `images` samples (after one warm-up batch)."""
     from omegaconf import OmegaConf
 
     from scale.data.config import DataConfig
 
-    cfg = OmegaConf.structured(DataConfig(train=str(shard_dir), val=str(shard_dir), backend="dali",
-                                          dali_device=device, workers=workers))
+    cfg = OmegaConf.structured(
+        DataConfig(train=str(shard_dir), val=str(shard_dir), backend="dali", dali_device=device, workers=workers)
+    )
     cfg.views = views_cfg
     total = read_manifest(shard_dir)["num_samples"]
     steps = max(1, min(images, total) // batch - 1)
@@ -118,5 +121,10 @@ def bench_dali(views_cfg, shard_dir, workers: int = 1, images: int = 200, batch:
     if loader.device == "gpu":
         torch.cuda.synchronize()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"images": steps * batch, "device": loader.device, "images_per_s": steps * batch / wall,
-            "crops_per_s": crops / wall, "cpu_s": cpu}
+    return {
+        "images": steps * batch,
+        "device": loader.device,
+        "images_per_s": steps * batch / wall,
+        "crops_per_s": crops / wall,
+        "cpu_s": cpu,
+    }

@@ -1,7 +1,6 @@
 """Recipe section `data`: where the shards are, how they are read, and which views are made."""
 
 from dataclasses import dataclass, field
-from typing import List
 
 
 @dataclass
@@ -10,25 +9,25 @@ class ViewsConfig:
     kind: str = "multicrop"
     n_global: int = 2
     global_size: int = 224
-    global_scale: List[float] = field(default_factory=lambda: [0.4, 1.0])
+    global_scale: list[float] = field(default_factory=lambda: [0.4, 1.0])
     # several local sizes are allowed (EsViT); n_local[i] crops of local_sizes[i] px
-    local_sizes: List[int] = field(default_factory=lambda: [96])
-    n_local: List[int] = field(default_factory=lambda: [8])
-    local_scale: List[float] = field(default_factory=lambda: [0.05, 0.4])
-    ratio: List[float] = field(default_factory=lambda: [0.75, 1.3333333])
+    local_sizes: list[int] = field(default_factory=lambda: [96])
+    n_local: list[int] = field(default_factory=lambda: [8])
+    local_scale: list[float] = field(default_factory=lambda: [0.05, 0.4])
+    ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
     interpolation: str = "bicubic"
     flip_p: float = 0.5
-    color_jitter: List[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
+    color_jitter: list[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
     color_jitter_p: float = 0.8
     grayscale_p: float = 0.2
     # per global view (view 1, view 2); locals use local_blur_p / local_solarize_p
-    blur_p: List[float] = field(default_factory=lambda: [1.0, 0.1])
-    solarize_p: List[float] = field(default_factory=lambda: [0.0, 0.2])
+    blur_p: list[float] = field(default_factory=lambda: [1.0, 0.1])
+    solarize_p: list[float] = field(default_factory=lambda: [0.0, 0.2])
     local_blur_p: float = 0.5
     local_solarize_p: float = 0.0
-    blur_sigma: List[float] = field(default_factory=lambda: [0.1, 2.0])
-    mean: List[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
-    std: List[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+    blur_sigma: list[float] = field(default_factory=lambda: [0.1, 2.0])
+    mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
+    std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
     # supervised views (timm transform factory)
     auto_augment: str = "rand-m9-mstd0.5-inc1"
     random_erase_p: float = 0.25

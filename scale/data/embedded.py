@@ -22,9 +22,20 @@ from PIL import Image
 from scale.data.shards import Item, Source, build_shards
 from scale.errors import UserError
 
-PHOTOS = ["skimage:astronaut.png", "skimage:chelsea.png", "skimage:coffee.png", "skimage:rocket.jpg",
-          "skimage:hubble_deep_field.jpg", "skimage:retina.jpg", "skimage:ihc.png", "skimage:motorcycle_left.png",
-          "skimage:camera.png", "skimage:coins.png", "sklearn:china.jpg", "sklearn:flower.jpg"]
+PHOTOS = [
+    "skimage:astronaut.png",
+    "skimage:chelsea.png",
+    "skimage:coffee.png",
+    "skimage:rocket.jpg",
+    "skimage:hubble_deep_field.jpg",
+    "skimage:retina.jpg",
+    "skimage:ihc.png",
+    "skimage:motorcycle_left.png",
+    "skimage:camera.png",
+    "skimage:coins.png",
+    "sklearn:china.jpg",
+    "sklearn:flower.jpg",
+]
 NAMES = ("digits", "photos", "photos_large")
 SHARD_SIZE = 256
 
@@ -39,9 +50,11 @@ def _package_photo(spec: str) -> Image.Image:
     package, name = spec.split(":")
     if package == "skimage":
         import skimage.data
+
         folder = Path(skimage.data.__file__).parent
     else:
         import sklearn.datasets
+
         folder = Path(sklearn.datasets.__file__).parent / "images"
     path = folder / name
     if not path.is_file():

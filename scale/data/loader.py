@@ -37,7 +37,6 @@ import random
 from bisect import bisect_right
 from collections import Counter
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -60,6 +59,7 @@ class SampleError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------------- the order
+
 
 class EpochOrder:
     """The global sample order of one epoch: a deterministic function of (seed, epoch) and the shard counts."""
@@ -87,6 +87,7 @@ class EpochOrder:
 
 
 # ---------------------------------------------------------------------------------------------------- reading samples
+
 
 class ShardReader:
     """Reads samples by (shard, index) through the member index; keeps one file open per shard it touched."""
@@ -168,11 +169,16 @@ def collate(samples: list, views, mean, std, label_kind: str, num_classes: int) 
     for g, n_views in enumerate(views.views_per_group):
         stacked = torch.stack([s[1][g][v] for v in range(n_views) for s in samples])
         crops.append(stacked if getattr(views, "normalized", False) else normalize(stacked, mean, std))
-    return Batch(crops, list(views.views_per_group), labels_tensor([s[2] for s in samples], label_kind, num_classes),
-                 [s[0] for s in samples])
+    return Batch(
+        crops,
+        list(views.views_per_group),
+        labels_tensor([s[2] for s in samples], label_kind, num_classes),
+        [s[0] for s in samples],
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- datasets
+
 
 class _EpochSteps(IterableDataset):
     """Local steps [start, stop) of one epoch of one rank; worker w of W builds steps start+w, start+w+W, ..."""
@@ -207,8 +213,9 @@ class _EpochSteps(IterableDataset):
         for n, rng in enumerate(failed):  # keep shapes fixed: re-augment good samples of this batch
             key, _, label, data = samples[n % len(samples)]
             samples.append((key, ld.views(data, rng), label, data))
-        return collate(samples, ld.views, ld.views_cfg.mean, ld.views_cfg.std, reader.label_kind,
-                       reader.num_classes), errors
+        return collate(
+            samples, ld.views, ld.views_cfg.mean, ld.views_cfg.std, reader.label_kind, reader.num_classes
+        ), errors
 
 
 class _Resampled(IterableDataset):
@@ -249,8 +256,10 @@ class _Resampled(IterableDataset):
                     samples.append((sample["__key__"], make_views(ld.views, sample["jpg"], rng, where), label))
                 except SampleError as err:
                     errors.append((err.kind, err.where))
-            yield collate(samples, ld.views, ld.views_cfg.mean, ld.views_cfg.std, reader.label_kind,
-                          reader.num_classes), list(errors)
+            yield (
+                collate(samples, ld.views, ld.views_cfg.mean, ld.views_cfg.std, reader.label_kind, reader.num_classes),
+                list(errors),
+            )
             errors.clear()
 
 
@@ -267,16 +276,27 @@ def hash_seed(*parts) -> int:
 
 # ---------------------------------------------------------------------------------------------------- the loader
 
+
 class Loader:
-    def __init__(self, data_cfg, split: str, global_batch: int, rank: int, world_size: int, seed: int,
-                 samples_per_epoch: Optional[int] = None, views_cfg=None):
+    def __init__(
+        self,
+        data_cfg,
+        split: str,
+        global_batch: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        samples_per_epoch: int | None = None,
+        views_cfg=None,
+    ):
         if split not in ("train", "val"):
             raise UserError(f"split must be train or val, got '{split}'")
         if data_cfg.mode not in MODES:
             raise UserError(f"data.mode must be one of {', '.join(MODES)}, got '{data_cfg.mode}'")
         if global_batch <= 0 or global_batch % world_size:
-            raise UserError(f"train.global_batch={global_batch} must be a positive multiple of the world size "
-                            f"{world_size}")
+            raise UserError(
+                f"train.global_batch={global_batch} must be a positive multiple of the world size {world_size}"
+            )
         self.cfg, self.views_cfg = data_cfg, views_cfg if views_cfg is not None else data_cfg.views
         self.dir = Path(data_cfg.train if split == "train" else data_cfg.val)
         self.manifest = read_manifest(self.dir)
@@ -284,12 +304,15 @@ class Loader:
         self.num_samples = sum(self.counts)
         self.samples_per_epoch = samples_per_epoch or self.num_samples
         if data_cfg.mode == "epochs" and self.samples_per_epoch > self.num_samples:
-            raise UserError(f"samples_per_epoch={self.samples_per_epoch} exceeds the {self.num_samples} samples of "
-                            f"{self.dir} (mode epochs visits each sample at most once per epoch)")
+            raise UserError(
+                f"samples_per_epoch={self.samples_per_epoch} exceeds the {self.num_samples} samples of "
+                f"{self.dir} (mode epochs visits each sample at most once per epoch)"
+            )
         self.steps_per_epoch = self.samples_per_epoch // global_batch
         if self.steps_per_epoch == 0:
-            raise UserError(f"{self.dir}: {self.samples_per_epoch} samples per epoch is less than one global batch "
-                            f"({global_batch})")
+            raise UserError(
+                f"{self.dir}: {self.samples_per_epoch} samples per epoch is less than one global batch ({global_batch})"
+            )
         self.global_batch, self.rank, self.world_size, self.seed = global_batch, rank, world_size, seed
         self.local_batch = global_batch // world_size
         self.views = build_views(self.views_cfg)
@@ -315,14 +338,23 @@ class Loader:
         if self.cfg.mode == "epochs":
             dataset = _EpochSteps(self, epoch, start, self.steps_per_epoch)
         else:
-            dataset = _Resampled(self, self.position // self.global_batch,
-                                 self.position // self.global_batch + self.steps_per_epoch - start)
+            dataset = _Resampled(
+                self,
+                self.position // self.global_batch,
+                self.position // self.global_batch + self.steps_per_epoch - start,
+            )
         workers = int(self.cfg.workers)
         # an own generator: creating the iterator must not draw from the global torch RNG, or a resumed run
         # (which creates it at another step) would see different dropout / drop-path masks
         generator = torch.Generator().manual_seed(hash_seed(self.seed, epoch, self.rank) % 2**63)
-        loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=False,
-                            prefetch_factor=2 if workers else None, generator=generator)
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=workers,
+            persistent_workers=False,
+            prefetch_factor=2 if workers else None,
+            generator=generator,
+        )
         if start == 0:
             self.epoch_errors = 0
         for batch, errors in loader:
@@ -332,35 +364,55 @@ class Loader:
             yield batch
 
     def _count(self, errors: list) -> None:
-        for kind, where in errors:
+        for kind, _where in errors:
             self.errors[kind] += 1
         self.epoch_errors += len(errors)
         allowed = self.cfg.error_budget * self.steps_per_epoch * self.local_batch
         if errors and self.epoch_errors > allowed:
             kind, where = errors[-1]
-            raise UserError(f"too many bad samples on rank {self.rank}: {self.epoch_errors} this epoch, budget "
-                            f"{self.cfg.error_budget:g} x {self.steps_per_epoch * self.local_batch} samples; "
-                            f"last: {kind} in {where}")
+            raise UserError(
+                f"too many bad samples on rank {self.rank}: {self.epoch_errors} this epoch, budget "
+                f"{self.cfg.error_budget:g} x {self.steps_per_epoch * self.local_batch} samples; "
+                f"last: {kind} in {where}"
+            )
 
     def metrics(self) -> dict:
-        out = {"data/errors": sum(self.errors.values()), "data/empty_shards": self.empty_shards,
-               "data/samples": self.samples_seen}
+        out = {
+            "data/errors": sum(self.errors.values()),
+            "data/empty_shards": self.empty_shards,
+            "data/samples": self.samples_seen,
+        }
         out.update({f"data/errors_{kind}": n for kind, n in sorted(self.errors.items())})
         return out
 
     def state_dict(self) -> dict:
-        return {"position": self.position, "mode": self.cfg.mode, "seed": self.seed,
-                "global_batch": self.global_batch, "samples_per_epoch": self.samples_per_epoch}
+        return {
+            "position": self.position,
+            "mode": self.cfg.mode,
+            "seed": self.seed,
+            "global_batch": self.global_batch,
+            "samples_per_epoch": self.samples_per_epoch,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("global_batch", self.global_batch) != self.global_batch:
-            raise UserError(f"loader state was saved with global_batch {state['global_batch']}, this run uses "
-                            f"{self.global_batch}: the sample position would not be exact")
+            raise UserError(
+                f"loader state was saved with global_batch {state['global_batch']}, this run uses "
+                f"{self.global_batch}: the sample position would not be exact"
+            )
         self.position = int(state["position"])
 
 
-def build_loader(data_cfg, split: str, global_batch: int, rank: int, world_size: int, seed: int,
-                 samples_per_epoch: Optional[int] = None, views_cfg=None) -> Loader:
+def build_loader(
+    data_cfg,
+    split: str,
+    global_batch: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    samples_per_epoch: int | None = None,
+    views_cfg=None,
+) -> Loader:
     """A loader over data_cfg.train or data_cfg.val (see the module docstring for what it guarantees); with
     data.backend=dali, the crop views (multicrop, two_view) come from scale.data.dali and the others from here."""
     if data_cfg.backend not in BACKENDS:

@@ -28,19 +28,31 @@ class _Solarize:
 
 
 class ReferenceDino:
-    def __init__(self, global_size=224, local_size=96, n_local=10, global_scale=(0.4, 1.0),
-                 local_scale=(0.05, 0.4)):
+    def __init__(self, global_size=224, local_size=96, n_local=10, global_scale=(0.4, 1.0), local_scale=(0.05, 0.4)):
         bicubic = T.InterpolationMode.BICUBIC
-        flip_jitter = T.Compose([T.RandomHorizontalFlip(0.5),
-                                 T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
-                                 T.RandomGrayscale(0.2)])
+        flip_jitter = T.Compose(
+            [
+                T.RandomHorizontalFlip(0.5),
+                T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+                T.RandomGrayscale(0.2),
+            ]
+        )
         norm = T.Compose([T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
-        self.global1 = T.Compose([T.RandomResizedCrop(global_size, global_scale, interpolation=bicubic),
-                                  flip_jitter, _Blur(1.0), norm])
-        self.global2 = T.Compose([T.RandomResizedCrop(global_size, global_scale, interpolation=bicubic),
-                                  flip_jitter, _Blur(0.1), _Solarize(0.2), norm])
-        self.local = T.Compose([T.RandomResizedCrop(local_size, local_scale, interpolation=bicubic),
-                                flip_jitter, _Blur(0.5), norm])
+        self.global1 = T.Compose(
+            [T.RandomResizedCrop(global_size, global_scale, interpolation=bicubic), flip_jitter, _Blur(1.0), norm]
+        )
+        self.global2 = T.Compose(
+            [
+                T.RandomResizedCrop(global_size, global_scale, interpolation=bicubic),
+                flip_jitter,
+                _Blur(0.1),
+                _Solarize(0.2),
+                norm,
+            ]
+        )
+        self.local = T.Compose(
+            [T.RandomResizedCrop(local_size, local_scale, interpolation=bicubic), flip_jitter, _Blur(0.5), norm]
+        )
         self.n_local = n_local
 
     def __call__(self, data: bytes) -> list:

@@ -26,7 +26,6 @@ import tarfile
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Optional
 
 from PIL import Image
 from tqdm import tqdm
@@ -46,7 +45,7 @@ class Item:
 
     ref: str
     label: object = None  # int (single), list[int] (multi), None (unlabeled)
-    data: Optional[bytes] = None
+    data: bytes | None = None
 
 
 @dataclass
@@ -103,7 +102,7 @@ def read_item_bytes(item: Item) -> bytes:
     return Path(item.ref).read_bytes()
 
 
-def prepare_jpeg(data: bytes, max_side: Optional[int], quality: int) -> tuple[bytes, int, int]:
+def prepare_jpeg(data: bytes, max_side: int | None, quality: int) -> tuple[bytes, int, int]:
     """JPEG bytes to store: the original bytes when they are an RGB/L JPEG within max_side, else a re-encode.
 
     Raises BadImage when the bytes do not decode completely.
@@ -120,8 +119,9 @@ def prepare_jpeg(data: bytes, max_side: Optional[int], quality: int) -> tuple[by
         img = img.convert("RGB")
         if too_big:
             scale = max_side / max(width, height)
-            img = img.resize((max(1, round(width * scale)), max(1, round(height * scale))), Image.BICUBIC,
-                             reducing_gap=3.0)
+            img = img.resize(
+                (max(1, round(width * scale)), max(1, round(height * scale))), Image.BICUBIC, reducing_gap=3.0
+            )
         out = io.BytesIO()
         img.save(out, "JPEG", quality=quality)
         return out.getvalue(), img.width, img.height
@@ -141,6 +141,7 @@ def encode_label(label, label_kind: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- writing shards
 
+
 def _items_digest(items: list, options: dict) -> str:
     digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
     for item in items:
@@ -148,7 +149,7 @@ def _items_digest(items: list, options: dict) -> str:
     return digest.hexdigest()
 
 
-def scan_tar(path: Path) -> tuple[list, Optional[str]]:
+def scan_tar(path: Path) -> tuple[list, str | None]:
     """[(key, {ext: [offset, size]})] in member order, and an error text when the tar ends early or is unreadable."""
     samples: list = []
     by_key: dict = {}
@@ -182,8 +183,10 @@ def _write_shard(job: tuple) -> dict:
     if idx_path.exists() and final.exists():
         record = json.loads(idx_path.read_text())
         if record.get("digest") != digest:
-            raise UserError(f"{idx_path}: this shard was built from other items or options; build into a new "
-                            f"--out directory (or delete {out_dir})")
+            raise UserError(
+                f"{idx_path}: this shard was built from other items or options; build into a new "
+                f"--out directory (or delete {out_dir})"
+            )
         return record
     tmp = out_dir / f".{final.name}.tmp-{os.getpid()}"
     skipped = []
@@ -196,8 +199,11 @@ def _write_shard(job: tuple) -> dict:
             except (BadImage, OSError, KeyError) as err:
                 skipped.append([item.ref, str(err).replace("\t", " ").replace("\n", " ")])
                 continue
-            members = {"jpg": jpeg, **encode_label(item.label, label_kind),
-                       "json": json.dumps({"source": item.ref, "width": width, "height": height}).encode()}
+            members = {
+                "jpg": jpeg,
+                **encode_label(item.label, label_kind),
+                "json": json.dumps({"source": item.ref, "width": width, "height": height}).encode(),
+            }
             for ext, payload in members.items():
                 info = tarfile.TarInfo(f"{key}.{ext}")
                 info.size, info.mtime, info.mode = len(payload), TAR_MTIME, 0o444
@@ -205,8 +211,15 @@ def _write_shard(job: tuple) -> dict:
             count += 1
     members, error = scan_tar(tmp)
     assert error is None, f"{tmp}: {error}"  # we just wrote it
-    record = {"name": final.name, "count": count, "sha256": sha256_file(tmp), "bytes": tmp.stat().st_size,
-              "digest": digest, "skipped": skipped, "members": members}
+    record = {
+        "name": final.name,
+        "count": count,
+        "sha256": sha256_file(tmp),
+        "bytes": tmp.stat().st_size,
+        "digest": digest,
+        "skipped": skipped,
+        "members": members,
+    }
     os.replace(tmp, final)
     _atomic_write_text(idx_path, json.dumps(record))
     return record
@@ -217,8 +230,15 @@ class _KeyedItem(Item):
     key: str = ""
 
 
-def build_shards(source: Source, out_dir, shard_size: int = 1000, max_side: Optional[int] = None,
-                 workers: int = 1, quality: int = 90, progress: bool = True) -> dict:
+def build_shards(
+    source: Source,
+    out_dir,
+    shard_size: int = 1000,
+    max_side: int | None = None,
+    workers: int = 1,
+    quality: int = 90,
+    progress: bool = True,
+) -> dict:
     """Write `source` as shards into out_dir (resuming a partial build) and return the manifest."""
     if source.label_kind not in LABEL_KINDS:
         raise ValueError(f"label_kind must be one of {LABEL_KINDS}")
@@ -230,8 +250,10 @@ def build_shards(source: Source, out_dir, shard_size: int = 1000, max_side: Opti
     out_dir.mkdir(parents=True, exist_ok=True)
     options = {"shard_size": shard_size, "max_side": max_side, "quality": quality}
     items = [_KeyedItem(it.ref, it.label, it.data, key=f"{i:09d}") for i, it in enumerate(source.items)]
-    jobs = [(str(out_dir), n, items[start:start + shard_size], source.label_kind, options)
-            for n, start in enumerate(range(0, len(items), shard_size))]
+    jobs = [
+        (str(out_dir), n, items[start : start + shard_size], source.label_kind, options)
+        for n, start in enumerate(range(0, len(items), shard_size))
+    ]
     records = []
     bar = tqdm(total=len(items), unit="img", desc=f"shards -> {out_dir}", disable=not progress)
     if workers > 1:
@@ -247,11 +269,18 @@ def build_shards(source: Source, out_dir, shard_size: int = 1000, max_side: Opti
     skipped = [row for r in records for row in r["skipped"]]
     _atomic_write_text(out_dir / SKIPPED_REPORT, "".join(f"{ref}\t{reason}\n" for ref, reason in skipped))
     manifest = {
-        "format": FORMAT, "source": source.description, "label_kind": source.label_kind,
-        "classes": list(source.classes), "num_samples": sum(r["count"] for r in records),
-        "num_skipped": len(skipped), "options": options, "skipped_report": SKIPPED_REPORT,
-        "shards": [{"name": r["name"], "count": r["count"], "sha256": r["sha256"], "bytes": r["bytes"],
-                    "index": index_name(n)} for n, r in enumerate(records)],
+        "format": FORMAT,
+        "source": source.description,
+        "label_kind": source.label_kind,
+        "classes": list(source.classes),
+        "num_samples": sum(r["count"] for r in records),
+        "num_skipped": len(skipped),
+        "options": options,
+        "skipped_report": SKIPPED_REPORT,
+        "shards": [
+            {"name": r["name"], "count": r["count"], "sha256": r["sha256"], "bytes": r["bytes"], "index": index_name(n)}
+            for n, r in enumerate(records)
+        ],
     }
     _atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=1))
     from scale.data.dali.index import write_dali_indexes  # DALI's reader index (plain text; needs no DALI)
@@ -261,6 +290,7 @@ def build_shards(source: Source, out_dir, shard_size: int = 1000, max_side: Opti
 
 
 # ---------------------------------------------------------------------------------------------------- reading shards
+
 
 def read_manifest(shard_dir) -> dict:
     """The manifest of a shard directory; fails naming the path when it or one of its shards is missing."""
@@ -280,7 +310,7 @@ def read_manifest(shard_dir) -> dict:
     return manifest
 
 
-def read_index(shard_dir, shard: dict) -> tuple[list, Optional[str]]:
+def read_index(shard_dir, shard: dict) -> tuple[list, str | None]:
     """Member offsets of one shard: from its .idx file, else by scanning the tar (shards made by other tools)."""
     idx = Path(shard_dir) / shard.get("index", "")
     if shard.get("index") and idx.is_file():

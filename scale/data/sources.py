@@ -3,7 +3,6 @@
 import csv
 import tarfile
 from pathlib import Path
-from typing import Optional
 
 from scale.data.shards import Item, Source
 from scale.errors import UserError
@@ -59,7 +58,7 @@ def imagenet22k(root) -> Source:
     return Source(f"imagenet22k:{root}", "single", classes, items)
 
 
-def openimages(root, labels_csv: Optional[str]) -> Source:
+def openimages(root, labels_csv: str | None) -> Source:
     """root/**/IMAGEID.jpg with an image-level label CSV (ImageID, Source, LabelName, Confidence).
 
     Multi-label: each image keeps the sorted list of its positive labels (Confidence 1); images without a row keep
@@ -91,7 +90,7 @@ def parse_source(spec: str) -> tuple[str, str]:
     return kind, path
 
 
-def open_source(kind: str, path: str, labels_csv: Optional[str] = None) -> Source:
+def open_source(kind: str, path: str, labels_csv: str | None = None) -> Source:
     if kind == "imagefolder":
         return imagefolder(path)
     if kind == "imagenet22k":

@@ -76,8 +76,12 @@ def color_jitter(rgb: np.ndarray, rng: random.Random, strength) -> np.ndarray:
     b, c, s, h = strength
     ops = [0, 1, 2, 3]
     rng.shuffle(ops)
-    factors = [rng.uniform(max(0.0, 1 - b), 1 + b), rng.uniform(max(0.0, 1 - c), 1 + c),
-               rng.uniform(max(0.0, 1 - s), 1 + s), rng.uniform(-h, h)]
+    factors = [
+        rng.uniform(max(0.0, 1 - b), 1 + b),
+        rng.uniform(max(0.0, 1 - c), 1 + c),
+        rng.uniform(max(0.0, 1 - s), 1 + s),
+        rng.uniform(-h, h),
+    ]
     for op in ops:
         f = factors[op]
         if op == 0 and b:
@@ -114,17 +118,23 @@ class CropViews:
         n_global = cfg.n_global if cfg.kind == "multicrop" else 2
         if len(cfg.blur_p) < n_global or len(cfg.solarize_p) < n_global:
             raise UserError(f"data.views.blur_p and solarize_p need one entry per global view ({n_global})")
-        groups = [[CropSpec(cfg.global_size, cfg.global_scale, cfg.blur_p[i], cfg.solarize_p[i])
-                   for i in range(n_global)]]
+        groups = [
+            [CropSpec(cfg.global_size, cfg.global_scale, cfg.blur_p[i], cfg.solarize_p[i]) for i in range(n_global)]
+        ]
         if cfg.kind == "multicrop":
             if len(cfg.local_sizes) != len(cfg.n_local):
                 raise UserError("data.views.local_sizes and n_local must have the same length")
-            groups += [[CropSpec(size, cfg.local_scale, cfg.local_blur_p, cfg.local_solarize_p)] * n
-                       for size, n in zip(cfg.local_sizes, cfg.n_local) if n > 0]
+            groups += [
+                [CropSpec(size, cfg.local_scale, cfg.local_blur_p, cfg.local_solarize_p)] * n
+                for size, n in zip(cfg.local_sizes, cfg.n_local)
+                if n > 0
+            ]
         self.groups = groups
         self.ratio = tuple(cfg.ratio)
         if cfg.interpolation not in INTERPOLATION:
-            raise UserError(f"data.views.interpolation must be one of {', '.join(INTERPOLATION)}, got '{cfg.interpolation}'")
+            raise UserError(
+                f"data.views.interpolation must be one of {', '.join(INTERPOLATION)}, got '{cfg.interpolation}'"
+            )
         self.interpolation = cfg.interpolation
         self.flip_p, self.jitter, self.jitter_p = cfg.flip_p, tuple(cfg.color_jitter), cfg.color_jitter_p
         self.grayscale_p, self.blur_sigma = cfg.grayscale_p, tuple(cfg.blur_sigma)
@@ -136,8 +146,10 @@ class CropViews:
     def __call__(self, data: bytes, rng: random.Random) -> list[list[torch.Tensor]]:
         head = Image.open(io.BytesIO(data))
         width, height = head.size
-        boxes = [[random_resized_crop_box(rng, width, height, spec.scale, self.ratio) for spec in group]
-                 for group in self.groups]
+        boxes = [
+            [random_resized_crop_box(rng, width, height, spec.scale, self.ratio) for spec in group]
+            for group in self.groups
+        ]
         # one decode, at the DCT reduction that every crop allows (a second decode costs more than it saves)
         k = 1
         if head.format == "JPEG":
@@ -207,9 +219,18 @@ class SupervisedView:
         from timm.data import create_transform
 
         self.transform = create_transform(
-            input_size=cfg.global_size, is_training=True, scale=tuple(cfg.global_scale), ratio=tuple(cfg.ratio),
-            hflip=cfg.flip_p, color_jitter=cfg.color_jitter[0], auto_augment=cfg.auto_augment or None,
-            interpolation=cfg.interpolation, re_prob=cfg.random_erase_p, mean=tuple(cfg.mean), std=tuple(cfg.std))
+            input_size=cfg.global_size,
+            is_training=True,
+            scale=tuple(cfg.global_scale),
+            ratio=tuple(cfg.ratio),
+            hflip=cfg.flip_p,
+            color_jitter=cfg.color_jitter[0],
+            auto_augment=cfg.auto_augment or None,
+            interpolation=cfg.interpolation,
+            re_prob=cfg.random_erase_p,
+            mean=tuple(cfg.mean),
+            std=tuple(cfg.std),
+        )
         self.views_per_group = [1]
 
     def __call__(self, data: bytes, rng: random.Random) -> list[list[torch.Tensor]]:

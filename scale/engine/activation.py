@@ -25,8 +25,10 @@ def blocks_to_checkpoint(model: nn.Module, mode: str, every_n: int) -> list[nn.M
             blocks = list(part.block_modules())
             chosen += blocks if mode == "full" else blocks[::every_n]
     if not chosen:
-        raise UserError(f"engine.activation_checkpointing={mode} needs a backbone with block_modules(); "
-                        f"{type(model).__name__} has none among its parts")
+        raise UserError(
+            f"engine.activation_checkpointing={mode} needs a backbone with block_modules(); "
+            f"{type(model).__name__} has none among its parts"
+        )
     return chosen
 
 

@@ -3,7 +3,7 @@ DDP, FSDP2 and DeepSpeed implement it; the training loop is the only caller and 
 
 import abc
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -33,16 +33,19 @@ class Engine(abc.ABC):
         """Around one micro-batch's backward: refuses more than engine.grad_accum of them before step(), and counts
         it once its backward has returned."""
         if self.micro_step >= self.cfg.grad_accum:
-            raise RuntimeError(f"backward called {self.micro_step + 1} times before step() with "
-                               f"engine.grad_accum={self.cfg.grad_accum}")
+            raise RuntimeError(
+                f"backward called {self.micro_step + 1} times before step() with "
+                f"engine.grad_accum={self.cfg.grad_accum}"
+            )
         yield
         self.micro_step += 1
 
     def check_accumulated(self) -> None:
         """step() must follow exactly engine.grad_accum backward calls."""
         if self.micro_step != self.cfg.grad_accum:
-            raise RuntimeError(f"step() after {self.micro_step} backward calls; engine.grad_accum="
-                               f"{self.cfg.grad_accum}")
+            raise RuntimeError(
+                f"step() after {self.micro_step} backward calls; engine.grad_accum={self.cfg.grad_accum}"
+            )
 
     @abc.abstractmethod
     def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:

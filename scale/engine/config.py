@@ -1,7 +1,6 @@
 """Recipe sections `engine` (how modules are wrapped and stepped) and `optim` (optimizer and schedules)."""
 
 from dataclasses import dataclass, field
-from typing import List
 
 
 @dataclass
@@ -32,7 +31,7 @@ class OptimConfig:
     weight_decay: float = 0.04
     weight_decay_end: float = 0.4
     wd_exclude_1d: bool = True  # no weight decay on biases and 1-D parameters
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     momentum: float = 0.9
     clip_grad: float = 3.0  # 0 disables

@@ -18,11 +18,14 @@ def hits_cpu_bf16_bug(conv: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor) ->
     shapes seen to go wrong; the fp32 detour is cheap at these sizes)."""
     if x.device.type != "cpu" or isinstance(conv.padding, str):  # 'same' needs stride 1; 'valid' pads nothing
         return False
-    if not (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16) \
-            and weight.dtype != torch.bfloat16:
+    if (
+        not (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        and weight.dtype != torch.bfloat16
+    ):
         return False
-    return any(stride > 1 and pad > 0 and size < stride
-               for size, stride, pad in zip(x.shape[-2:], conv.stride, conv.padding))
+    return any(
+        stride > 1 and pad > 0 and size < stride for size, stride, pad in zip(x.shape[-2:], conv.stride, conv.padding)
+    )
 
 
 class CpuSafeConv2d(nn.Conv2d):

@@ -25,9 +25,14 @@ class DDPEngine(TorchEngine):
         # No init_sync: setup() has broadcast rank 0's parameters and buffers already; DDP's own sync would repeat it
         # through a flattened copy of the parameters that gloo's worker thread may free, where the CPU memory
         # profiler of scale.bench does not see it (it would then count that copy as alive in the measured step)
-        method.student = DistributedDataParallel(method.student, device_ids=device_ids, forward_sync_buffers=False,
-                                                 gradient_as_bucket_view=True, init_sync=False,
-                                                 find_unused_parameters=self.cfg.find_unused_parameters)
+        method.student = DistributedDataParallel(
+            method.student,
+            device_ids=device_ids,
+            forward_sync_buffers=False,
+            gradient_as_bucket_view=True,
+            init_sync=False,
+            find_unused_parameters=self.cfg.find_unused_parameters,
+        )
 
     def set_gradient_sync(self, enabled: bool) -> None:
         # what DDP's no_sync() toggles; read at the next forward, so it is set right after the previous backward

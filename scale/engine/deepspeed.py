@@ -25,8 +25,8 @@ optimizer is a torch optimizer from scale.optim with the same parameter groups a
 import argparse
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -68,7 +68,7 @@ def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True) -> 
         # no persistent (always gathered) ZeRO-3 parameters: the teacher's shards must be re-gathered after each
         # EMA update, and the student is partitioned exactly like it
         "zero_optimization": {"stage": engine_cfg.zero_stage, "stage3_param_persistence_threshold": 0},
-        "steps_per_print": 2 ** 31 - 1,
+        "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
     if with_optimizer:
@@ -87,8 +87,12 @@ def share_fp32_master(zero_optimizer) -> int:
     freed = 0
     pairs = zip(zero_optimizer.fp32_partitioned_groups_flat, zero_optimizer.fp16_partitioned_groups_flat)
     for master, weights in pairs:
-        if (master.dtype == weights.dtype and master.device == weights.device and master.shape == weights.shape
-                and master.untyped_storage().data_ptr() != weights.untyped_storage().data_ptr()):
+        if (
+            master.dtype == weights.dtype
+            and master.device == weights.device
+            and master.shape == weights.shape
+            and master.untyped_storage().data_ptr() != weights.untyped_storage().data_ptr()
+        ):
             freed += nbytes(master)
             master.data = weights.data
     return freed
@@ -104,10 +108,17 @@ def universal_folder(folder: Path) -> Path:
         partial = folder / "universal.partial"
         shutil.rmtree(partial, ignore_errors=True)  # what a killed conversion left
         # the arguments of DeepSpeed's ds_to_universal command; one worker each: small, and no fork inside a run
-        to_universal(argparse.Namespace(input_folder=str(folder / CHECKPOINT_TAG),
-                                        output_folder=str(partial / CHECKPOINT_TAG), num_extract_workers=1,
-                                        num_merge_workers=1, keep_temp_folder=False, strict=True,
-                                        inject_missing_state=False))
+        to_universal(
+            argparse.Namespace(
+                input_folder=str(folder / CHECKPOINT_TAG),
+                output_folder=str(partial / CHECKPOINT_TAG),
+                num_extract_workers=1,
+                num_merge_workers=1,
+                keep_temp_folder=False,
+                strict=True,
+                inject_missing_state=False,
+            )
+        )
         os.replace(partial, out)
     dist.barrier()
     return out
@@ -122,8 +133,10 @@ class DeepSpeedEngine(Engine):
         if engine_cfg.zero_stage not in ZERO_STAGES:
             raise UserError(f"engine.zero_stage must be one of {ZERO_STAGES}, got {engine_cfg.zero_stage}")
         if optim_cfg.name not in DS_OPTIMIZERS:
-            raise UserError(f"optim.name={optim_cfg.name} computes per-tensor trust ratios, which DeepSpeed's flat "
-                            f"ZeRO partitions break: use {' or '.join(DS_OPTIMIZERS)}, or engine.kind=fsdp2/ddp")
+            raise UserError(
+                f"optim.name={optim_cfg.name} computes per-tensor trust ratios, which DeepSpeed's flat "
+                f"ZeRO partitions break: use {' or '.join(DS_OPTIMIZERS)}, or engine.kind=fsdp2/ddp"
+            )
         self.cfg, self.optim_cfg, self.dist_info, self.device = engine_cfg, optim_cfg, dist_info, device
         self.precision = resolve_precision(engine_cfg.precision, device)
         self.stage = engine_cfg.zero_stage
@@ -150,13 +163,15 @@ class DeepSpeedEngine(Engine):
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         client = build_optimizer(groups, self.optim_cfg, self.device, sharded=True)
         self.ds, self.optimizer, _, _ = deepspeed.initialize(
-            model=method.student, optimizer=client, config=ds_config(self.cfg, self.optim_cfg, self.precision))
+            model=method.student, optimizer=client, config=ds_config(self.cfg, self.optim_cfg, self.precision)
+        )
         method.student = self.ds
         if self.stage == 3 and not self.precision.needs_loss_scaling:
             share_fp32_master(self.optimizer)
         if method.teacher is not None and self.stage == 3:
             method.teacher, _, _, _ = deepspeed.initialize(
-                model=method.teacher, config=ds_config(self.cfg, self.optim_cfg, self.precision, False))
+                model=method.teacher, config=ds_config(self.cfg, self.optim_cfg, self.precision, False)
+            )
         self.micro_step = 0
 
     def autocast(self):
@@ -275,7 +290,7 @@ class DeepSpeedEngine(Engine):
         ZeRO-2/3: this rank's partition), optimizer = fp32 master partitions (when not the weights themselves, as
         they are in fp32 ZeRO-3) + the optimizer state."""
         zero = self.ds.optimizer
-        master = (zero.fp32_partitioned_groups_flat if self.stage == 3 else zero.single_partition_of_fp32_groups)
+        master = zero.fp32_partitioned_groups_flat if self.stage == 3 else zero.single_partition_of_fp32_groups
         weights = self.held(self.ds.module)
         weight_storages = {t.untyped_storage().data_ptr() for t in weights}
         separate_master = [m for m in master if m.untyped_storage().data_ptr() not in weight_storages]
@@ -284,9 +299,12 @@ class DeepSpeedEngine(Engine):
         trainable = [p for p in self.ds.module.parameters() if p.requires_grad]
         grads = sum(p.numel() for p in trainable) * 4 if self.stage == 1 else sum(nbytes(m) for m in master)
         teacher = self.held(self.teacher_module()) if self.method.teacher is not None else []
-        report = {"params": sum(nbytes(t) for t in weights), "grads": grads,
-                  "optimizer": sum(nbytes(m) for m in separate_master) + state,
-                  "teacher": sum(nbytes(t) for t in teacher)}
+        report = {
+            "params": sum(nbytes(t) for t in weights),
+            "grads": grads,
+            "optimizer": sum(nbytes(m) for m in separate_master) + state,
+            "teacher": sum(nbytes(t) for t in teacher),
+        }
         report["total"] = sum(report.values())
         return report
 
@@ -316,7 +334,8 @@ class DeepSpeedEngine(Engine):
                 f"{folder}: a ZeRO-3 checkpoint from {saved_world_size} ranks cannot be resumed exactly on "
                 f"{self.dist_info.world_size} (DeepSpeed's universal load restores weights and moments, yet the "
                 f"next update differs from the uninterrupted run's). Resume on {saved_world_size} ranks, or train "
-                f"with engine.kind=fsdp2, whose checkpoints load on any number of ranks.")
+                f"with engine.kind=fsdp2, whose checkpoints load on any number of ranks."
+            )
         groups = self.ds.optimizer.optimizer.param_groups
         before = [dict(group) for group in groups]
         self.ds._config.load_universal_checkpoint = elastic
@@ -325,7 +344,7 @@ class DeepSpeedEngine(Engine):
         finally:
             self.ds._config.load_universal_checkpoint = False
         for group, kept in zip(groups, before):  # a load copies the saved groups' settings (ZeRO-3's universal
-            group.clear()                        # load: the first group's onto all); ours come from the recipe
+            group.clear()  # load: the first group's onto all); ours come from the recipe
             group.update(kept)
         if path is None:
             raise UserError(f"{folder}: no DeepSpeed checkpoint (tag '{CHECKPOINT_TAG}') found")
@@ -348,8 +367,10 @@ class DeepSpeedEngine(Engine):
     def teacher_state(self) -> dict[str, torch.Tensor]:
         module = self.teacher_module()
         if self.stage == 3:  # local partitions + (replicated) buffers
-            return {**dict(self.partitions(self.method.teacher)),
-                    **{clean_name(n): b for n, b in module.named_buffers()}}
+            return {
+                **dict(self.partitions(self.method.teacher)),
+                **{clean_name(n): b for n, b in module.named_buffers()},
+            }
         return module.state_dict()
 
     def save_teacher(self, folder: Path) -> None:

@@ -60,14 +60,21 @@ def slurm_port(job_id: str) -> int:
 def detect(env: dict | None = None) -> DistInfo:
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
-        return DistInfo(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-                        env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", DEFAULT_PORT)), "torchrun")
+        return DistInfo(
+            int(env["RANK"]),
+            int(env["WORLD_SIZE"]),
+            int(env.get("LOCAL_RANK", 0)),
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            int(env.get("MASTER_PORT", DEFAULT_PORT)),
+            "torchrun",
+        )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
         addr = env.get("MASTER_ADDR") or first_host(nodelist)
         port = int(env.get("MASTER_PORT") or slurm_port(env.get("SLURM_JOB_ID", "")))
-        return DistInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
-                        addr, port, "slurm")
+        return DistInfo(
+            int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)), addr, port, "slurm"
+        )
     return DistInfo(0, 1, 0, "127.0.0.1", free_port(), "single")
 
 
@@ -94,14 +101,23 @@ def init_distributed(timeout_minutes: int = 30) -> tuple[DistInfo, torch.device]
     if not dist.is_initialized():
         # exported so that libraries that read the environment (DeepSpeed, DCP) agree with us; shutdown() takes
         # back what we added, so that a later launch from this process does not think it is already launched
-        exported = dict(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank),
-                        MASTER_ADDR=info.master_addr, MASTER_PORT=str(info.master_port))
+        exported = dict(
+            RANK=str(info.rank),
+            WORLD_SIZE=str(info.world_size),
+            LOCAL_RANK=str(info.local_rank),
+            MASTER_ADDR=info.master_addr,
+            MASTER_PORT=str(info.master_port),
+        )
         _EXPORTED.update({k: os.environ.get(k) for k in exported})
         os.environ.update(exported)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{info.master_addr}:{info.master_port}",
-                                rank=info.rank, world_size=info.world_size,
-                                timeout=datetime.timedelta(minutes=timeout_minutes))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{info.master_addr}:{info.master_port}",
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
     return info, device
 
 

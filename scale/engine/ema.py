@@ -19,8 +19,10 @@ def ema_pairs(teacher: nn.Module, student: nn.Module) -> tuple[list[torch.Tensor
             raise ValueError(f"teacher parameter '{name}' has no student counterpart")
         t, s = local(t_param.data), local(student_params[name].data)
         if t.shape != s.shape:
-            raise ValueError(f"teacher '{name}' is held as {tuple(t.shape)} but the student as {tuple(s.shape)}: "
-                             f"the teacher must be sharded like the student")
+            raise ValueError(
+                f"teacher '{name}' is held as {tuple(t.shape)} but the student as {tuple(s.shape)}: "
+                f"the teacher must be sharded like the student"
+            )
         teacher_locals.append(t)
         student_locals.append(s.to(t.dtype))
     return teacher_locals, student_locals

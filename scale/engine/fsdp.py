@@ -26,6 +26,7 @@ from scale.methods.base import Method
 # (they only read them), so the warning says nothing here but floods every rank's log.
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
+
 def has_params(module: nn.Module) -> bool:
     return any(True for _ in module.parameters())
 
@@ -59,12 +60,12 @@ class FSDPEngine(TorchEngine):
             for sub in model.modules():
                 if isinstance(sub, _BatchNorm) and has_params(sub):
                     # fp32 inside, outputs back in the compute dtype for the next (low-precision) layer
-                    bn_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
-                                                     output_dtype=self.precision.dtype)
-                    fully_shard(sub, mesh=self.mesh, reshard_after_forward=reshard_after_forward,
-                                mp_policy=bn_policy)
+                    bn_policy = MixedPrecisionPolicy(
+                        param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=self.precision.dtype
+                    )
+                    fully_shard(sub, mesh=self.mesh, reshard_after_forward=reshard_after_forward, mp_policy=bn_policy)
         for part in model.children():
-            for block in (part.block_modules() if hasattr(part, "block_modules") else []):
+            for block in part.block_modules() if hasattr(part, "block_modules") else []:
                 fully_shard(block, **kwargs)
             if has_params(part):
                 fully_shard(part, **kwargs)

@@ -7,7 +7,7 @@ filled with a sentinel, so that any parameter or buffer the initialiser missed (
 without `reset_parameters`) fails loudly, by name.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -64,5 +64,7 @@ def materialize(module: nn.Module, device: torch.device, init: Callable[[nn.Modu
         loc = local(t)
         missed = loc.isnan().any() if t.is_floating_point() else (loc == value).any()
         if missed:
-            raise RuntimeError(f"meta-device init left '{clean_name(name)}' of {type(module).__name__} "
-                               f"uninitialised: the model's init function must set every parameter and buffer")
+            raise RuntimeError(
+                f"meta-device init left '{clean_name(name)}' of {type(module).__name__} "
+                f"uninitialised: the model's init function must set every parameter and buffer"
+            )

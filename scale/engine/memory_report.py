@@ -16,9 +16,13 @@ from omegaconf import OmegaConf
 
 from scale.data.batch import Batch
 
-ENGINES = {"ddp": {"kind": "ddp"}, "fsdp2": {"kind": "fsdp2"},
-           "zero1": {"kind": "deepspeed", "zero_stage": 1}, "zero2": {"kind": "deepspeed", "zero_stage": 2},
-           "zero3": {"kind": "deepspeed", "zero_stage": 3}}
+ENGINES = {
+    "ddp": {"kind": "ddp"},
+    "fsdp2": {"kind": "fsdp2"},
+    "zero1": {"kind": "deepspeed", "zero_stage": 1},
+    "zero2": {"kind": "deepspeed", "zero_stage": 2},
+    "zero3": {"kind": "deepspeed", "zero_stage": 3},
+}
 KEYS = ("params", "grads", "optimizer", "teacher", "total")
 
 
@@ -74,17 +78,20 @@ def measure(cfg, engines: list[str], image_size: int = 64) -> dict[str, dict[str
 
 def format_report(report: dict[str, dict[str, int]], world_size: int) -> str:
     base = report.get("ddp", {}).get("total")
-    lines = [f"per-rank bytes at {world_size} ranks (MiB)",
-             f"{'engine':8s}" + "".join(f"{k:>12s}" for k in KEYS) + ("  x ddp" if base else "")]
+    lines = [
+        f"per-rank bytes at {world_size} ranks (MiB)",
+        f"{'engine':8s}" + "".join(f"{k:>12s}" for k in KEYS) + ("  x ddp" if base else ""),
+    ]
     for label, held in report.items():
-        row = f"{label:8s}" + "".join(f"{held[k] / 2 ** 20:12.1f}" for k in KEYS)
+        row = f"{label:8s}" + "".join(f"{held[k] / 2**20:12.1f}" for k in KEYS)
         lines.append(row + (f"  {held['total'] / base:.3f}" if base else ""))
     return "\n".join(lines)
 
 
 def _worker(rank: int, world: int, port: int, recipe: str, overrides: list[str], engines: list[str]) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     from scale.config import load_recipe
     from scale.engine.dist import init_distributed, shutdown
 
@@ -108,8 +115,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--engines", default=",".join(ENGINES))
     args = parser.parse_args(argv)
-    mp.spawn(_worker, args=(args.nproc, free_port(), args.recipe, args.overrides, args.engines.split(",")),
-             nprocs=args.nproc, join=True)
+    mp.spawn(
+        _worker,
+        args=(args.nproc, free_port(), args.recipe, args.overrides, args.engines.split(",")),
+        nprocs=args.nproc,
+        join=True,
+    )
 
 
 if __name__ == "__main__":

@@ -2,13 +2,18 @@
 clipping across shards, frozen parameters, the shard-local EMA, memory accounting and DCP checkpoint state."""
 
 import abc
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from scale.engine.base import Engine
 from scale.engine.clip import CLIP_MODES, clip_gradients
@@ -134,8 +139,12 @@ class TorchEngine(Engine):
         """Bytes this rank holds; gradients counted at their size after backward (fp32, local shards)."""
         student = self.method.student
         grads = sum(nbytes(p) for p in student.parameters() if p.requires_grad)
-        report = {"params": model_bytes(student), "grads": grads, "optimizer": optimizer_bytes(self.optimizer),
-                  "teacher": model_bytes(self.method.teacher)}
+        report = {
+            "params": model_bytes(student),
+            "grads": grads,
+            "optimizer": optimizer_bytes(self.optimizer),
+            "teacher": model_bytes(self.method.teacher),
+        }
         report["total"] = sum(report.values())
         return report
 
@@ -150,8 +159,9 @@ class TorchEngine(Engine):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        set_state_dict(self.method.student, self.optimizer, model_state_dict=state["student"],
-                       optim_state_dict=state["optimizer"])
+        set_state_dict(
+            self.method.student, self.optimizer, model_state_dict=state["student"], optim_state_dict=state["optimizer"]
+        )
         if self.method.teacher is not None:
             set_model_state_dict(self.method.teacher, state["teacher"])
         if self.scaler is not None and "scaler" in state:

@@ -7,8 +7,8 @@ are counted.
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -33,17 +33,22 @@ def accuracy(logits_fn: LogitsFn, batches, own: int, device: torch.device) -> di
         seen += logits.shape[0]
         labels = batch.labels[:keep].to(device)
         if labels.dim() != 1:
-            raise UserError(f"validation needs one class index per image, got labels of shape "
-                            f"{tuple(batch.labels.shape)}")
+            raise UserError(
+                f"validation needs one class index per image, got labels of shape {tuple(batch.labels.shape)}"
+            )
         top = logits[:keep].topk(min(5, logits.shape[1]), dim=1).indices
-        counts += torch.stack([(top[:, 0] == labels).sum(), (top == labels[:, None]).any(1).sum(),
-                               torch.tensor(keep, device=device)]).to(torch.float64)
+        counts += torch.stack(
+            [(top[:, 0] == labels).sum(), (top == labels[:, None]).any(1).sum(), torch.tensor(keep, device=device)]
+        ).to(torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(counts)
     if counts[2] == 0:
         raise UserError("validation: no samples")
-    return {"top1": 100.0 * float(counts[0] / counts[2]), "top5": 100.0 * float(counts[1] / counts[2]),
-            "samples": int(counts[2])}
+    return {
+        "top1": 100.0 * float(counts[0] / counts[2]),
+        "top5": 100.0 * float(counts[1] / counts[2]),
+        "samples": int(counts[2]),
+    }
 
 
 class Validation:
@@ -56,14 +61,20 @@ class Validation:
         try:
             data = dataset_info(cfg.data.val)
         except UserError as err:
-            raise UserError(f"data.val: {err}. Runs with a class head report validation accuracy: build the val "
-                            f"shards, or set train.val_every_epochs=0") from None
+            raise UserError(
+                f"data.val: {err}. Runs with a class head report validation accuracy: build the val "
+                f"shards, or set train.val_every_epochs=0"
+            ) from None
         if data["label_kind"] != "single":
-            raise UserError(f"data.val ({cfg.data.val}): validation needs one class per image, the shards hold "
-                            f"'{data['label_kind']}' labels")
+            raise UserError(
+                f"data.val ({cfg.data.val}): validation needs one class per image, the shards hold "
+                f"'{data['label_kind']}' labels"
+            )
         if len(data["classes"]) > cfg.data.num_classes:
-            raise UserError(f"data.val ({cfg.data.val}) has {len(data['classes'])} classes, more than "
-                            f"data.num_classes={cfg.data.num_classes}")
+            raise UserError(
+                f"data.val ({cfg.data.val}) has {len(data['classes'])} classes, more than "
+                f"data.num_classes={cfg.data.num_classes}"
+            )
 
     def due(self, done: int, stop: int, steps_per_epoch: int) -> bool:
         every = self.cfg.train.val_every_epochs * steps_per_epoch
@@ -71,8 +82,15 @@ class Validation:
 
     def __call__(self, method, autocast, step: int, epoch: float) -> dict[str, float]:
         cfg = self.cfg
-        batches, own = lockstep_batches(cfg.data.val, eval_views_cfg(cfg.data.views), int(cfg.eval.batch_size),
-                                        self.info.rank, self.info.world_size, int(cfg.data.workers), cfg.train.seed)
+        batches, own = lockstep_batches(
+            cfg.data.val,
+            eval_views_cfg(cfg.data.views),
+            int(cfg.eval.batch_size),
+            self.info.rank,
+            self.info.world_size,
+            int(cfg.data.workers),
+            cfg.train.seed,
+        )
         method.student.eval()
         # the loader draws its seed from the global RNG: fork it, so that validating leaves training's draws
         # (drop path, mixup) as they would be without it
@@ -82,8 +100,14 @@ class Validation:
                 result = accuracy(method.val_logits, batches, own, self.device)
         finally:
             method.student.train()
-        log.info("validation at step %d: top-1 %.2f%%, top-5 %.2f%% (%d images of %s)", step, result["top1"],
-                 result["top5"], result["samples"], cfg.data.val)
+        log.info(
+            "validation at step %d: top-1 %.2f%%, top-5 %.2f%% (%d images of %s)",
+            step,
+            result["top1"],
+            result["top5"],
+            result["samples"],
+            cfg.data.val,
+        )
         if self.info.is_main:
             self._append({"step": step, "epoch": epoch, **result})
         return {"val_top1": result["top1"], "val_top5": result["top5"]}

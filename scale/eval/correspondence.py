@@ -7,7 +7,7 @@ matched to the mirrored position, distance error = mean l2 distance in pixels be
 token centres (0 for a perfect match). Results are averaged over images.
 """
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -16,12 +16,13 @@ import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 
 from scale.data.batch import Batch
-from scale.eval.features import world
 from scale.errors import UserError
+from scale.eval.features import world
 
 
-def second_view(images: torch.Tensor, generator: torch.Generator, jitter=(0.4, 0.4, 0.2, 0.1),
-                grayscale_p: float = 0.2) -> torch.Tensor:
+def second_view(
+    images: torch.Tensor, generator: torch.Generator, jitter=(0.4, 0.4, 0.2, 0.1), grayscale_p: float = 0.2
+) -> torch.Tensor:
     """Horizontal flip, then colour jitter (torchvision ColorJitter: random factors, random order), then greyscale
     with probability grayscale_p; images are [B, 3, H, W] in [0, 1]."""
     out = []
@@ -31,8 +32,12 @@ def second_view(images: torch.Tensor, generator: torch.Generator, jitter=(0.4, 0
         return float(torch.empty(()).uniform_(low, high, generator=generator))
 
     for img in TF.horizontal_flip(images):
-        ops = {0: (TF.adjust_brightness, brightness, 1.0), 1: (TF.adjust_contrast, contrast, 1.0),
-               2: (TF.adjust_saturation, saturation, 1.0), 3: (TF.adjust_hue, hue, 0.0)}
+        ops = {
+            0: (TF.adjust_brightness, brightness, 1.0),
+            1: (TF.adjust_contrast, contrast, 1.0),
+            2: (TF.adjust_saturation, saturation, 1.0),
+            3: (TF.adjust_hue, hue, 0.0),
+        }
         for op in torch.randperm(4, generator=generator).tolist():
             fn, strength, center = ops[op]
             if strength:
@@ -44,8 +49,9 @@ def second_view(images: torch.Tensor, generator: torch.Generator, jitter=(0.4, 0
     return torch.stack(out)
 
 
-def match_scores(tokens1: torch.Tensor, tokens2: torch.Tensor, grid: tuple[int, int], stride: tuple[float, float],
-                 top: int = 10) -> dict[str, torch.Tensor]:
+def match_scores(
+    tokens1: torch.Tensor, tokens2: torch.Tensor, grid: tuple[int, int], stride: tuple[float, float], top: int = 10
+) -> dict[str, torch.Tensor]:
     """Per image ([B] each): accuracy of the `top` most confident matches, their mean pixel distance to the mirrored
     position, and their mean cosine similarity. Tokens are [B, h*w, D] in row-major grid order."""
     height, width = grid
@@ -59,14 +65,26 @@ def match_scores(tokens1: torch.Tensor, tokens2: torch.Tensor, grid: tuple[int, 
     true = row * width + (width - 1 - col)
     d_row = (matched // width - row).float() * stride[0]
     d_col = (matched % width - (width - 1 - col)).float() * stride[1]
-    return {"accuracy": (matched == true).float().mean(1), "distance": (d_row ** 2 + d_col ** 2).sqrt().mean(1),
-            "similarity": conf.mean(1)}
+    return {
+        "accuracy": (matched == true).float().mean(1),
+        "distance": (d_row**2 + d_col**2).sqrt().mean(1),
+        "similarity": conf.mean(1),
+    }
 
 
 @torch.no_grad()
-def evaluate(backbone: nn.Module, batches: Iterable[Batch], device: torch.device, mean, std,
-             jitter=(0.4, 0.4, 0.2, 0.1), grayscale_p: float = 0.2, top: int = 10, seed: int = 0,
-             max_images: int | None = None) -> dict:
+def evaluate(
+    backbone: nn.Module,
+    batches: Iterable[Batch],
+    device: torch.device,
+    mean,
+    std,
+    jitter=(0.4, 0.4, 0.2, 0.1),
+    grayscale_p: float = 0.2,
+    top: int = 10,
+    seed: int = 0,
+    max_images: int | None = None,
+) -> dict:
     """Mean accuracy (%), distance error (px) and similarity over the images of every rank (at most max_images
     on this rank)."""
     backbone.eval()
@@ -78,15 +96,17 @@ def evaluate(backbone: nn.Module, batches: Iterable[Batch], device: torch.device
     for batch in batches:
         images = batch.crops[0].cpu().float()
         if max_images is not None:
-            images = images[:max(0, max_images - int(sums[3]))]
+            images = images[: max(0, max_images - int(sums[3]))]
             if images.shape[0] == 0:
                 break
         view2 = (second_view((images * std_t + mean_t).clamp(0, 1), generator, jitter, grayscale_p) - mean_t) / std_t
         out1, out2 = backbone(images.to(device)), backbone(view2.to(device))
         stride = (images.shape[2] / out1["grid"][0], images.shape[3] / out1["grid"][1])
         scores = match_scores(out1["tokens"], out2["tokens"], out1["grid"], stride, top)
-        sums += torch.tensor([float(scores[k].sum()) for k in ("accuracy", "distance", "similarity")]
-                             + [images.shape[0]], dtype=torch.float64)
+        sums += torch.tensor(
+            [float(scores[k].sum()) for k in ("accuracy", "distance", "similarity")] + [images.shape[0]],
+            dtype=torch.float64,
+        )
     if size > 1:
         sums = sums.to(device)
         dist.all_reduce(sums)
@@ -94,8 +114,13 @@ def evaluate(backbone: nn.Module, batches: Iterable[Batch], device: torch.device
     images = float(sums[3])
     if images == 0:
         raise UserError("correspondence: no images to evaluate")
-    return {"accuracy": 100.0 * float(sums[0]) / images, "distance_error_px": float(sums[1]) / images,
-            "similarity": float(sums[2]) / images, "images": int(images), "top": top}
+    return {
+        "accuracy": 100.0 * float(sums[0]) / images,
+        "distance_error_px": float(sums[1]) / images,
+        "similarity": float(sums[2]) / images,
+        "images": int(images),
+        "top": top,
+    }
 
 
 def run(session) -> dict:
@@ -103,10 +128,23 @@ def run(session) -> dict:
     cfg = session.cfg
     limit = cfg.eval.correspondence_images
     per_rank = None if limit is None else -(-int(limit) // session.info.world_size)
-    result = evaluate(session.backbone, session.batches(cfg.data.val), session.device, cfg.data.views.mean,
-                      cfg.data.views.std, tuple(cfg.eval.correspondence_jitter),
-                      float(cfg.eval.correspondence_grayscale_p), int(cfg.eval.correspondence_top), cfg.train.seed,
-                      per_rank)
-    return {"eval": "correspondence", **session.describe(), "val": cfg.data.val,
-            "jitter": list(cfg.eval.correspondence_jitter), "grayscale_p": float(cfg.eval.correspondence_grayscale_p),
-            **result}
+    result = evaluate(
+        session.backbone,
+        session.batches(cfg.data.val),
+        session.device,
+        cfg.data.views.mean,
+        cfg.data.views.std,
+        tuple(cfg.eval.correspondence_jitter),
+        float(cfg.eval.correspondence_grayscale_p),
+        int(cfg.eval.correspondence_top),
+        cfg.train.seed,
+        per_rank,
+    )
+    return {
+        "eval": "correspondence",
+        **session.describe(),
+        "val": cfg.data.val,
+        "jitter": list(cfg.eval.correspondence_jitter),
+        "grayscale_p": float(cfg.eval.correspondence_grayscale_p),
+        **result,
+    }

@@ -40,8 +40,10 @@ class ShardSamples(Dataset):
         self.locations = [(shard, i) for shard, count in enumerate(counts) for i in range(count)]
         self.views = build_views(views_cfg)
         if self.views.views_per_group != [1]:
-            raise UserError(f"evaluation needs one view per image, data.views.kind={views_cfg.kind} makes "
-                            f"{self.views.views_per_group}")
+            raise UserError(
+                f"evaluation needs one view per image, data.views.kind={views_cfg.kind} makes "
+                f"{self.views.views_per_group}"
+            )
         self.views_cfg, self.seed = views_cfg, seed
         self.label_kind = self.manifest["label_kind"]
         self.num_classes = len(self.manifest["classes"])
@@ -64,19 +66,25 @@ class ShardSamples(Dataset):
         crops = torch.stack([s[1] for s in samples])
         if not getattr(self.views, "normalized", False):
             crops = normalize(crops, self.views_cfg.mean, self.views_cfg.std)
-        return Batch([crops], [1], labels_tensor([s[2] for s in samples], self.label_kind, self.num_classes),
-                     [s[0] for s in samples])
+        return Batch(
+            [crops],
+            [1],
+            labels_tensor([s[2] for s in samples], self.label_kind, self.num_classes),
+            [s[0] for s in samples],
+        )
 
 
-def eval_batches(shard_dir, views_cfg, batch_size: int, rank: int = 0, world_size: int = 1, workers: int = 0,
-                 seed: int = 0) -> DataLoader:
+def eval_batches(
+    shard_dir, views_cfg, batch_size: int, rank: int = 0, world_size: int = 1, workers: int = 0, seed: int = 0
+) -> DataLoader:
     """This rank's share of every sample of shard_dir, in batches of at most batch_size (one view per image)."""
     dataset = ShardSamples(shard_dir, views_cfg, seed)
     return _batches(dataset, range(rank, len(dataset), world_size), batch_size, workers)
 
 
-def lockstep_batches(shard_dir, views_cfg, batch_size: int, rank: int = 0, world_size: int = 1, workers: int = 0,
-                     seed: int = 0) -> tuple[DataLoader, int]:
+def lockstep_batches(
+    shard_dir, views_cfg, batch_size: int, rank: int = 0, world_size: int = 1, workers: int = 0, seed: int = 0
+) -> tuple[DataLoader, int]:
     """`eval_batches` with the same number of batches on every rank, for a model sharded over the ranks (FSDP2 or
     ZeRO-3 gather parameters in every forward, on all ranks together): a share one sample short of the others is
     padded with a repeat of sample 0. Returns the loader and how many of its leading samples are this rank's own."""
@@ -90,12 +98,21 @@ def lockstep_batches(shard_dir, views_cfg, batch_size: int, rank: int = 0, world
 
 
 def _batches(dataset: ShardSamples, indices, batch_size: int, workers: int) -> DataLoader:
-    return DataLoader(torch.utils.data.Subset(dataset, indices), batch_size=batch_size, shuffle=False,
-                      num_workers=workers, collate_fn=dataset.collate, persistent_workers=False)
+    return DataLoader(
+        torch.utils.data.Subset(dataset, indices),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        collate_fn=dataset.collate,
+        persistent_workers=False,
+    )
 
 
 def dataset_info(shard_dir) -> dict:
     """Label kind, class names and sample count of a shard directory."""
     manifest = read_manifest(shard_dir)
-    return {"label_kind": manifest["label_kind"], "classes": list(manifest["classes"]),
-            "num_samples": sum(int(s["count"]) for s in manifest["shards"])}
+    return {
+        "label_kind": manifest["label_kind"],
+        "classes": list(manifest["classes"]),
+        "num_samples": sum(int(s["count"]) for s in manifest["shards"]),
+    }

@@ -6,8 +6,8 @@ on the world size or on how the loader split or padded the data.
 """
 
 import inspect
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -28,13 +28,17 @@ def pooled(backbone: nn.Module, images: torch.Tensor) -> torch.Tensor:
 def last_blocks(n: int, avgpool: bool = False) -> FeatureFn:
     """The linear-probe feature: concatenated pooled outputs of the last n blocks (ViT: normed class tokens; Swin:
     average-pooled blocks), with `avgpool` also the mean of the last block's patch tokens (DINO, ViT-B)."""
+
     def feature(backbone: nn.Module, images: torch.Tensor) -> torch.Tensor:
         if not avgpool:
             return torch.cat(backbone.forward_last_blocks(images, n), dim=-1)
         if "avgpool" not in inspect.signature(backbone.forward_last_blocks).parameters:
-            raise UserError(f"eval.linear_avgpool: {type(backbone).__name__} has no class token to add pooled "
-                            f"patch tokens to (it is ViT-only); set it to false")
+            raise UserError(
+                f"eval.linear_avgpool: {type(backbone).__name__} has no class token to add pooled "
+                f"patch tokens to (it is ViT-only); set it to false"
+            )
         return torch.cat(backbone.forward_last_blocks(images, n, avgpool=True), dim=-1)
+
     return feature
 
 
@@ -54,10 +58,10 @@ def gather_rows(tensor: torch.Tensor) -> torch.Tensor:
     dist.all_gather(all_counts, counts)
     longest = int(max(c.item() for c in all_counts))
     padded = tensor.new_zeros((longest, *tensor.shape[1:]))
-    padded[:tensor.shape[0]] = tensor
+    padded[: tensor.shape[0]] = tensor
     parts = [torch.empty_like(padded) for _ in range(size)]
     dist.all_gather(parts, padded.contiguous())
-    return torch.cat([p[:int(c.item())] for p, c in zip(parts, all_counts)])
+    return torch.cat([p[: int(c.item())] for p, c in zip(parts, all_counts)])
 
 
 class Features:
@@ -86,8 +90,10 @@ def extract(backbone: nn.Module, batches: Iterable[Batch], feature_fn: FeatureFn
     feats, labels, keys = [], [], []
     for batch in batches:
         if batch.views_per_group[0] != 1:
-            raise UserError(f"feature extraction expects one view per image (data.views.kind=eval), got "
-                            f"{batch.views_per_group[0]} views")
+            raise UserError(
+                f"feature extraction expects one view per image (data.views.kind=eval), got "
+                f"{batch.views_per_group[0]} views"
+            )
         images = batch.crops[0].to(device, non_blocking=True)
         feats.append(feature_fn(backbone, images).float().cpu())
         labels.append(batch.labels.cpu())

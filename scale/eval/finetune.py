@@ -20,16 +20,20 @@ from scale.methods import has_class_head
 
 def check_recipe(cfg: DictConfig, recipe: str) -> None:
     if not has_class_head(cfg):
-        raise UserError(f"scale eval finetune: {recipe} trains method.kind={cfg.method.kind}, which has no class "
-                        f"head; fine-tune with a supervised recipe, e.g. mocov3/table5/vit_b_cifar10_mocov3, "
-                        f"dino/table6/vit_s16_cifar10 or drloc/table4/swin_cifar10_drloc")
+        raise UserError(
+            f"scale eval finetune: {recipe} trains method.kind={cfg.method.kind}, which has no class "
+            f"head; fine-tune with a supervised recipe, e.g. mocov3/table5/vit_b_cifar10_mocov3, "
+            f"dino/table6/vit_s16_cifar10 or drloc/table4/swin_cifar10_drloc"
+        )
     if cfg.train.val_every_epochs <= 0:
-        raise UserError("scale eval finetune: train.val_every_epochs must be positive (the result is the "
-                        "validation history)")
+        raise UserError(
+            "scale eval finetune: train.val_every_epochs must be positive (the result is the validation history)"
+        )
 
 
-def run(cfg: DictConfig, recipe: str, overrides: list[str], weights: str | None, run_dir: str | None,
-        nproc: int) -> dict | int:
+def run(
+    cfg: DictConfig, recipe: str, overrides: list[str], weights: str | None, run_dir: str | None, nproc: int
+) -> dict | int:
     """Train (or continue) the fine-tuning run; its result on the main process, else the exit status (a
     preempted run returns PREEMPTED_EXIT_CODE: run the same command again to continue it)."""
     check_recipe(cfg, recipe)
@@ -41,7 +45,18 @@ def run(cfg: DictConfig, recipe: str, overrides: list[str], weights: str | None,
         return status
     val = json.loads((run_dir / "eval" / "val.json").read_text())
     history = val["history"]
-    return {"eval": "finetune", "model": cfg.model.name, "weights": weights, "random_init": weights is None,
-            "recipe": cfg.meta.name, "run_dir": str(run_dir), "val": val["val"], "epochs": cfg.train.epochs,
-            "global_batch": cfg.train.global_batch, "history": history, "top1": history[-1]["top1"],
-            "top5": history[-1]["top5"], "best_top1": max(h["top1"] for h in history)}
+    return {
+        "eval": "finetune",
+        "model": cfg.model.name,
+        "weights": weights,
+        "random_init": weights is None,
+        "recipe": cfg.meta.name,
+        "run_dir": str(run_dir),
+        "val": val["val"],
+        "epochs": cfg.train.epochs,
+        "global_batch": cfg.train.global_batch,
+        "history": history,
+        "top1": history[-1]["top1"],
+        "top5": history[-1]["top5"],
+        "best_top1": max(h["top1"] for h in history),
+    }

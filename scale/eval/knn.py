@@ -14,13 +14,14 @@ from scale.eval import features as feats
 from scale.eval.data import dataset_info
 
 
-def nearest(queries: torch.Tensor, bank: torch.Tensor, k: int, bank_chunk: int = 65536
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def nearest(
+    queries: torch.Tensor, bank: torch.Tensor, k: int, bank_chunk: int = 65536
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k cosine similarities and bank indices of each query ([Q, k] each, best first); inputs are normalised."""
     k = min(k, bank.shape[0])
     best_sim = best_idx = None
     for start in range(0, bank.shape[0], bank_chunk):
-        block = bank[start:start + bank_chunk].to(queries.device, queries.dtype, non_blocking=True)
+        block = bank[start : start + bank_chunk].to(queries.device, queries.dtype, non_blocking=True)
         sim, idx = (queries @ block.T).topk(min(k, block.shape[0]), dim=1)
         idx += start
         if best_sim is not None:
@@ -45,16 +46,23 @@ def check_labels(labels: torch.Tensor, what: str) -> None:
 
 
 @torch.no_grad()
-def knn_predict(train_features: torch.Tensor, train_labels: torch.Tensor, queries: torch.Tensor, ks: list[int],
-                temperature: float, num_classes: int, query_chunk: int = 1024, bank_chunk: int = 65536
-                ) -> dict[int, torch.Tensor]:
+def knn_predict(
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    queries: torch.Tensor,
+    ks: list[int],
+    temperature: float,
+    num_classes: int,
+    query_chunk: int = 1024,
+    bank_chunk: int = 65536,
+) -> dict[int, torch.Tensor]:
     """For every k: the top-5 predicted classes of each query ([Q, min(5, C)], best first)."""
     bank = F.normalize(train_features.float(), dim=1)
     queries = F.normalize(queries.float(), dim=1)
     train_labels = train_labels.to(queries.device)
     out: dict[int, list] = {k: [] for k in ks}
     for start in range(0, queries.shape[0], query_chunk):
-        sim, idx = nearest(queries[start:start + query_chunk], bank, max(ks), bank_chunk)
+        sim, idx = nearest(queries[start : start + query_chunk], bank, max(ks), bank_chunk)
         labels = train_labels[idx]
         for k in ks:
             scores = vote(sim[:, :k], labels[:, :k], num_classes, temperature)
@@ -64,9 +72,18 @@ def knn_predict(train_features: torch.Tensor, train_labels: torch.Tensor, querie
 
 
 @torch.no_grad()
-def knn_eval(train_features: torch.Tensor, train_labels: torch.Tensor, test_features: torch.Tensor,
-             test_labels: torch.Tensor, ks: list[int], temperature: float, num_classes: int,
-             device: torch.device | None = None, query_chunk: int = 1024, bank_chunk: int = 65536) -> dict:
+def knn_eval(
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    test_features: torch.Tensor,
+    test_labels: torch.Tensor,
+    ks: list[int],
+    temperature: float,
+    num_classes: int,
+    device: torch.device | None = None,
+    query_chunk: int = 1024,
+    bank_chunk: int = 65536,
+) -> dict:
     """Top-1/top-5 accuracy (%) for every k: {k: {"top1", "top5"}}.
 
     Every rank holds all features (after a gather); under torch.distributed each rank classifies its slice of the
@@ -79,16 +96,26 @@ def knn_eval(train_features: torch.Tensor, train_labels: torch.Tensor, test_feat
     device = device or test_features.device
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine = slice(rank * test_features.shape[0] // world, (rank + 1) * test_features.shape[0] // world)
-    preds = knn_predict(train_features.to(device), train_labels, test_features[mine].to(device), ks, temperature,
-                        num_classes, query_chunk, bank_chunk)
+    preds = knn_predict(
+        train_features.to(device),
+        train_labels,
+        test_features[mine].to(device),
+        ks,
+        temperature,
+        num_classes,
+        query_chunk,
+        bank_chunk,
+    )
     target = test_labels[mine].to(device)[:, None]
-    counts = torch.tensor([[(p[:, :1] == target).sum(), (p == target).sum()] for p in (preds[k] for k in ks)],
-                          dtype=torch.float64, device=device).reshape(len(ks), 2)
+    counts = torch.tensor(
+        [[(p[:, :1] == target).sum(), (p == target).sum()] for p in (preds[k] for k in ks)],
+        dtype=torch.float64,
+        device=device,
+    ).reshape(len(ks), 2)
     if world > 1:
         dist.all_reduce(counts)
     total = test_features.shape[0]
-    return {k: {"top1": 100.0 * float(c[0]) / total, "top5": 100.0 * float(c[1]) / total}
-            for k, c in zip(ks, counts)}
+    return {k: {"top1": 100.0 * float(c[0]) / total, "top5": 100.0 * float(c[1]) / total} for k, c in zip(ks, counts)}
 
 
 def run(session, save_features: str | None = None, load_features: str | None = None) -> dict:
@@ -105,10 +132,27 @@ def run(session, save_features: str | None = None, load_features: str | None = N
         if save_features and session.is_main:
             feats.save(save_features, {"train": train, "test": test}, {**source, "num_classes": num_classes})
     ks = [int(k) for k in cfg.eval.knn_k]
-    per_k = knn_eval(train.features, train.labels, test.features, test.labels, ks, float(cfg.eval.knn_temperature),
-                     num_classes, session.device)
+    per_k = knn_eval(
+        train.features,
+        train.labels,
+        test.features,
+        test.labels,
+        ks,
+        float(cfg.eval.knn_temperature),
+        num_classes,
+        session.device,
+    )
     report_k = 20 if 20 in per_k else ks[0]  # DINO reports 20-NN ("usually working the best")
-    return {"eval": "knn", **source, "features": load_features, "temperature": float(cfg.eval.knn_temperature),
-            "train_samples": len(train), "test_samples": len(test), "feature_dim": int(train.features.shape[1]),
-            "per_k": {str(k): v for k, v in per_k.items()}, "k": report_k,
-            "top1": per_k[report_k]["top1"], "top5": per_k[report_k]["top5"]}
+    return {
+        "eval": "knn",
+        **source,
+        "features": load_features,
+        "temperature": float(cfg.eval.knn_temperature),
+        "train_samples": len(train),
+        "test_samples": len(test),
+        "feature_dim": int(train.features.shape[1]),
+        "per_k": {str(k): v for k, v in per_k.items()},
+        "k": report_k,
+        "top1": per_k[report_k]["top1"],
+        "top5": per_k[report_k]["top5"],
+    }

@@ -13,7 +13,7 @@ import copy
 import logging
 import math
 import zlib
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -61,8 +61,9 @@ def val_mask(keys: list[str], fraction: float, seed: int, device) -> torch.Tenso
     return torch.tensor([in_val_split(k, fraction, seed) for k in keys], dtype=torch.bool, device=device)
 
 
-def backbone_features(backbone: nn.Module, feature_fn: FeatureFn, batches: Iterable[Batch], device: torch.device
-                      ) -> Iterator[FeatureBatch]:
+def backbone_features(
+    backbone: nn.Module, feature_fn: FeatureFn, batches: Iterable[Batch], device: torch.device
+) -> Iterator[FeatureBatch]:
     """Frozen features of every batch (one view per image)."""
     for batch in batches:
         with torch.no_grad():
@@ -89,8 +90,13 @@ def _sum_grads(heads: nn.Module) -> None:
             dist.all_reduce(param.grad)
 
 
-def train_epoch(heads: LinearHeads, optimizer: torch.optim.Optimizer, batches: Iterable[FeatureBatch],
-                val_fraction: float, seed: int) -> float:
+def train_epoch(
+    heads: LinearHeads,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[FeatureBatch],
+    val_fraction: float,
+    seed: int,
+) -> float:
     """One epoch over the training batches, skipping the validation split; returns the mean loss over heads.
 
     Each rank sums its rows' losses and the sum is divided by the step's row count over all ranks, so the summed
@@ -116,8 +122,9 @@ def train_epoch(heads: LinearHeads, optimizer: torch.optim.Optimizer, batches: I
 
 
 @torch.no_grad()
-def evaluate(heads: LinearHeads, batches: Iterable[FeatureBatch], select: Callable[[list[str]], torch.Tensor] | None
-             = None) -> dict:
+def evaluate(
+    heads: LinearHeads, batches: Iterable[FeatureBatch], select: Callable[[list[str]], torch.Tensor] | None = None
+) -> dict:
     """Top-1/top-5 (%) of every head on the selected rows of the batches, summed over ranks."""
     heads.eval()
     counts, seen = None, 0
@@ -153,9 +160,17 @@ def check_lrs(lrs: list[float]) -> None:
         raise UserError(f"eval.linear_lrs must be a non-empty list of positive learning rates, got {list(lrs)}")
 
 
-def run_probe(heads: LinearHeads, lrs: list[float], epochs: int, train_batches: Callable[[int], Iterable[FeatureBatch]],
-              val_batches: Callable[[], Iterable[FeatureBatch]], test_batches: Callable[[], Iterable[FeatureBatch]],
-              val_fraction: float, seed: int = 0, on_epoch: Callable[[int, float], None] | None = None) -> dict:
+def run_probe(
+    heads: LinearHeads,
+    lrs: list[float],
+    epochs: int,
+    train_batches: Callable[[int], Iterable[FeatureBatch]],
+    val_batches: Callable[[], Iterable[FeatureBatch]],
+    test_batches: Callable[[], Iterable[FeatureBatch]],
+    val_fraction: float,
+    seed: int = 0,
+    on_epoch: Callable[[int, float], None] | None = None,
+) -> dict:
     """Train every head, pick the best on the validation split, report its test accuracy.
 
     `train_batches(epoch)` yields augmented training features; `val_batches()` the training set with eval views
@@ -176,10 +191,19 @@ def run_probe(heads: LinearHeads, lrs: list[float], epochs: int, train_batches: 
     val = evaluate(heads, val_batches(), select=lambda keys: val_mask(keys, val_fraction, seed, device))
     test = evaluate(heads, test_batches())
     best = max(range(len(lrs)), key=lambda i: (val["top1"][i], -i))  # ties: the lr listed first
-    return {"lrs": list(lrs), "best_lr": lrs[best], "best_index": best,
-            "val_top1": val["top1"], "val_samples": val["samples"],
-            "test_top1_all": test["top1"], "test_top5_all": test["top5"], "test_samples": test["samples"],
-            "top1": test["top1"][best], "top5": test["top5"][best], "train_loss": losses}
+    return {
+        "lrs": list(lrs),
+        "best_lr": lrs[best],
+        "best_index": best,
+        "val_top1": val["top1"],
+        "val_samples": val["samples"],
+        "test_top1_all": test["top1"],
+        "test_top5_all": test["top5"],
+        "test_samples": test["samples"],
+        "top1": test["top1"][best],
+        "top5": test["top5"][best],
+        "train_loss": losses,
+    }
 
 
 def probe_train_views(views_cfg):
@@ -207,19 +231,41 @@ def run(session) -> dict:
     heads = LinearHeads(dim, len(info["classes"]), len(lrs), seed=cfg.train.seed).to(device)
     data_cfg = copy.deepcopy(cfg.data)
     data_cfg.mode = "epochs"
-    loader = build_loader(data_cfg, "train", global_batch, session.info.rank, session.info.world_size,
-                          cfg.train.seed, views_cfg=probe_train_views(cfg.data.views))
+    loader = build_loader(
+        data_cfg,
+        "train",
+        global_batch,
+        session.info.rank,
+        session.info.world_size,
+        cfg.train.seed,
+        views_cfg=probe_train_views(cfg.data.views),
+    )
 
     def log_epoch(epoch: int, loss: float) -> None:
         log.info("linear probe epoch %d/%d: mean loss over heads %.4f", epoch + 1, cfg.eval.linear_epochs, loss)
 
     result = run_probe(
-        heads, lrs, int(cfg.eval.linear_epochs),
+        heads,
+        lrs,
+        int(cfg.eval.linear_epochs),
         train_batches=lambda epoch: backbone_features(session.backbone, feature_fn, loader, device),
         val_batches=lambda: backbone_features(session.backbone, feature_fn, session.batches(cfg.data.train), device),
         test_batches=lambda: backbone_features(session.backbone, feature_fn, session.batches(cfg.data.val), device),
-        val_fraction=float(cfg.eval.linear_val_fraction), seed=cfg.train.seed, on_epoch=log_epoch)
-    return {"eval": "linear", **session.describe(), "train": cfg.data.train, "val": cfg.data.val,
-            "n_last_blocks": int(cfg.eval.linear_n_last_blocks), "avgpool": bool(cfg.eval.linear_avgpool),
-            "feature_dim": int(dim), "epochs": int(cfg.eval.linear_epochs), "global_batch": global_batch,
-            "base_lrs": base_lrs, "best_base_lr": base_lrs[result["best_index"]], **result}
+        val_fraction=float(cfg.eval.linear_val_fraction),
+        seed=cfg.train.seed,
+        on_epoch=log_epoch,
+    )
+    return {
+        "eval": "linear",
+        **session.describe(),
+        "train": cfg.data.train,
+        "val": cfg.data.val,
+        "n_last_blocks": int(cfg.eval.linear_n_last_blocks),
+        "avgpool": bool(cfg.eval.linear_avgpool),
+        "feature_dim": int(dim),
+        "epochs": int(cfg.eval.linear_epochs),
+        "global_batch": global_batch,
+        "base_lrs": base_lrs,
+        "best_base_lr": base_lrs[result["best_index"]],
+        **result,
+    }

@@ -14,8 +14,8 @@ import json
 import logging
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -32,6 +32,7 @@ FINEST_STEP = 1.0 / 8.0  # 8 steps per decade
 
 
 # ------------------------------------------------------------------------------------------------------- metrics
+
 
 def one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
     """[N] class indices -> [N, C] 0/1; [N, C] multi-label targets pass through."""
@@ -84,8 +85,16 @@ def score(metric: str, labels: np.ndarray, proba: np.ndarray) -> float:
 
 # ------------------------------------------------------------------------------------------------------- fitting
 
-def fit_predict(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, strength: float, num_classes: int,
-                max_iter: int = 1000, seed: int = 0) -> np.ndarray:
+
+def fit_predict(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    test_x: np.ndarray,
+    strength: float,
+    num_classes: int,
+    max_iter: int = 1000,
+    seed: int = 0,
+) -> np.ndarray:
     """Probabilities [N_test, num_classes] of an L-BFGS logistic regression with L2 strength lambda (C = 1/lambda).
 
     Multi-label targets ([N, C]) get one binary classifier per class (one-vs-rest)."""
@@ -107,8 +116,12 @@ def fit_predict(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, st
         return proba
 
 
-def search_strength(evaluate: Callable[[float], float], log_range: tuple = LOG_LAMBDA_RANGE,
-                    start_step: float = START_STEP, finest_step: float = FINEST_STEP) -> tuple[float, dict]:
+def search_strength(
+    evaluate: Callable[[float], float],
+    log_range: tuple = LOG_LAMBDA_RANGE,
+    start_step: float = START_STEP,
+    finest_step: float = FINEST_STEP,
+) -> tuple[float, dict]:
     """The parametric binary search over log10(lambda): the best lambda and every {log10 lambda: score} tried.
 
     Ties go to the larger lambda (the stronger regularisation)."""
@@ -117,7 +130,7 @@ def search_strength(evaluate: Callable[[float], float], log_range: tuple = LOG_L
 
     def visit(x: float) -> None:
         if low <= x <= high and x not in tried:
-            tried[x] = float(evaluate(10.0 ** x))
+            tried[x] = float(evaluate(10.0**x))
 
     def peak() -> float:
         return max(tried, key=lambda x: (tried[x], x))
@@ -133,8 +146,9 @@ def search_strength(evaluate: Callable[[float], float], log_range: tuple = LOG_L
     return 10.0 ** peak(), tried
 
 
-def evaluate_dataset(train: tuple, val: tuple, test: tuple, metric: str, num_classes: int, max_iter: int = 1000,
-                     seed: int = 0) -> dict:
+def evaluate_dataset(
+    train: tuple, val: tuple, test: tuple, metric: str, num_classes: int, max_iter: int = 1000, seed: int = 0
+) -> dict:
     """Search lambda on (train -> val), fit on train + val, score on test. Each split is (features, labels)."""
     if metric not in METRICS:
         raise UserError(f"unknown metric '{metric}'; one of {', '.join(METRICS)}")
@@ -150,12 +164,18 @@ def evaluate_dataset(train: tuple, val: tuple, test: tuple, metric: str, num_cla
     all_x = np.concatenate([train[0], val[0]])
     all_y = np.concatenate([train[1], val[1]])
     test_score = score(metric, test[1], fit_predict(all_x, all_y, test[0], best, num_classes, max_iter, seed))
-    return {"metric": metric, "score": test_score, "best_lambda": best, "best_log10_lambda": math.log10(best),
-            "val_scores": {f"{x:g}": s for x, s in sorted(tried.items())},
-            "samples": {"train": len(train[0]), "val": len(val[0]), "test": len(test[0])}}
+    return {
+        "metric": metric,
+        "score": test_score,
+        "best_lambda": best,
+        "best_log10_lambda": math.log10(best),
+        "val_scores": {f"{x:g}": s for x, s in sorted(tried.items())},
+        "samples": {"train": len(train[0]), "val": len(val[0]), "test": len(test[0])},
+    }
 
 
 # ------------------------------------------------------------------------------------------------------- suites
+
 
 def read_reference(path: str | Path) -> dict[str, float]:
     """Per-dataset scores of a reference model: a JSON written by `scale eval logreg` or a {name: score} map."""
@@ -176,11 +196,14 @@ def read_reference(path: str | Path) -> dict[str, float]:
 def compare(scores: dict[str, float], reference: dict[str, float]) -> dict:
     """Wins (strictly better), the reference's average on the shared data sets, and what it lacks."""
     shared = [name for name in scores if name in reference]
-    return {"wins": sum(scores[n] > reference[n] for n in shared), "compared": len(shared),
-            "reference_average": float(np.mean([reference[n] for n in shared])) if shared else None,
-            "average_on_shared": float(np.mean([scores[n] for n in shared])) if shared else None,
-            "missing_in_reference": [n for n in scores if n not in reference],
-            "per_dataset": {n: {"ours": scores[n], "reference": reference[n]} for n in shared}}
+    return {
+        "wins": sum(scores[n] > reference[n] for n in shared),
+        "compared": len(shared),
+        "reference_average": float(np.mean([reference[n] for n in shared])) if shared else None,
+        "average_on_shared": float(np.mean([scores[n] for n in shared])) if shared else None,
+        "missing_in_reference": [n for n in scores if n not in reference],
+        "per_dataset": {n: {"ours": scores[n], "reference": reference[n]} for n in shared},
+    }
 
 
 def read_suite(path: str | Path) -> list[dict]:
@@ -204,8 +227,14 @@ def read_suite(path: str | Path) -> list[dict]:
             raise UserError(f"--suite {path}: datasets[{i}] needs at least 'root' (and 'name', 'metric')")
         root = Path(entry["root"])
         root = root if root.is_absolute() else path.parent / root
-        suite.append(dataset_entry(entry.get("name") or root.name, str(root), entry.get("metric", "accuracy"),
-                                   f"--suite {path}: datasets[{i}]"))
+        suite.append(
+            dataset_entry(
+                entry.get("name") or root.name,
+                str(root),
+                entry.get("metric", "accuracy"),
+                f"--suite {path}: datasets[{i}]",
+            )
+        )
     return suite
 
 
@@ -226,8 +255,11 @@ def dataset_entry(name: str, root: str, metric: str, where: str) -> dict:
     if not has["train"] or not (has["val"] or has["test"]):
         raise UserError(f"{where}: {root} must hold a train/ shard directory and a test/ (or val/) one")
     if has["test"]:
-        splits = {"train": str(root_path / "train"), "test": str(root_path / "test"),
-                  "val": str(root_path / "val") if has["val"] else None}
+        splits = {
+            "train": str(root_path / "train"),
+            "test": str(root_path / "test"),
+            "val": str(root_path / "val") if has["val"] else None,
+        }
     else:  # no separate test split: the shipped val split is the test split
         splits = {"train": str(root_path / "train"), "test": str(root_path / "val"), "val": None}
     return {"name": name, "root": root, "metric": metric, "splits": splits}
@@ -255,15 +287,30 @@ def run(session, suite: list[dict], reference: str | None = None) -> dict:
             train_xy = (train.features.numpy(), train.labels.numpy())
             val_xy = (val.features.numpy(), val.labels.numpy())
         log.info("logistic regression on %s (%d classes, %s)", entry["name"], num_classes, entry["metric"])
-        result = evaluate_dataset(train_xy, val_xy, (test.features.numpy(), test.labels.numpy()), entry["metric"],
-                                  num_classes, int(cfg.eval.logreg_max_iter), cfg.train.seed)
-        per_dataset[entry["name"]] = {**result, "root": entry["root"], "validation": val_rule,
-                                      "num_classes": num_classes}
+        result = evaluate_dataset(
+            train_xy,
+            val_xy,
+            (test.features.numpy(), test.labels.numpy()),
+            entry["metric"],
+            num_classes,
+            int(cfg.eval.logreg_max_iter),
+            cfg.train.seed,
+        )
+        per_dataset[entry["name"]] = {
+            **result,
+            "root": entry["root"],
+            "validation": val_rule,
+            "num_classes": num_classes,
+        }
     if not session.is_main:
         return {}
     scores = {name: r["score"] for name, r in per_dataset.items()}
-    out = {"eval": "logreg", **session.describe(), "datasets": per_dataset,
-           "average": float(np.mean(list(scores.values())))}
+    out = {
+        "eval": "logreg",
+        **session.describe(),
+        "datasets": per_dataset,
+        "average": float(np.mean(list(scores.values()))),
+    }
     if reference:
         out["reference"] = {"file": str(reference), **compare(scores, read_reference(reference))}
     return out

@@ -16,8 +16,15 @@ from scale.eval.knn import nearest, vote
 
 
 class KnnMonitor:
-    def __init__(self, size: int, dim: int, num_classes: int, k: int = 200, temperature: float = 0.07,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        size: int,
+        dim: int,
+        num_classes: int,
+        k: int = 200,
+        temperature: float = 0.07,
+        device: torch.device | str = "cpu",
+    ):
         if size < 1 or k < 1:
             raise ValueError(f"k-NN monitor: queue size ({size}) and k ({k}) must be positive")
         self.k, self.temperature, self.num_classes = k, temperature, num_classes
@@ -30,8 +37,14 @@ class KnnMonitor:
     @classmethod
     def from_config(cls, cfg, dim: int, device: torch.device | str = "cpu") -> "KnnMonitor":
         """The monitor of a recipe: eval.knn_monitor_queue rows of `dim` features, data.num_classes classes."""
-        return cls(int(cfg.eval.knn_monitor_queue), dim, int(cfg.data.num_classes), int(cfg.eval.knn_monitor_k),
-                   float(cfg.eval.knn_temperature), device)
+        return cls(
+            int(cfg.eval.knn_monitor_queue),
+            dim,
+            int(cfg.data.num_classes),
+            int(cfg.eval.knn_monitor_k),
+            float(cfg.eval.knn_temperature),
+            device,
+        )
 
     @torch.no_grad()
     def update(self, features: torch.Tensor, labels: torch.Tensor) -> None:
@@ -47,8 +60,8 @@ class KnnMonitor:
         keep = labels >= 0
         features, labels = features[keep], labels[keep]
         if self.filled and labels.numel():
-            sim, idx = nearest(features, self.features[:self.filled], self.k)
-            scores = vote(sim, self.labels[:self.filled][idx], self.num_classes, self.temperature)
+            sim, idx = nearest(features, self.features[: self.filled], self.k)
+            scores = vote(sim, self.labels[: self.filled][idx], self.num_classes, self.temperature)
             self.counts[0] += (scores.argmax(1) == labels).sum()
             self.counts[1] += labels.numel()
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -71,13 +84,20 @@ class KnnMonitor:
         counts = self.counts.clone()
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(counts)
-        return {"features": self.features, "labels": self.labels, "filled": self.filled, "head": self.head,
-                "counts": counts}
+        return {
+            "features": self.features,
+            "labels": self.labels,
+            "filled": self.filled,
+            "head": self.head,
+            "counts": counts,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if tuple(state["features"].shape) != tuple(self.features.shape):
-            raise UserError(f"k-NN monitor: the checkpointed queue is {tuple(state['features'].shape)}, this run's "
-                            f"is {tuple(self.features.shape)} (eval.knn_monitor_queue, feature width)")
+            raise UserError(
+                f"k-NN monitor: the checkpointed queue is {tuple(state['features'].shape)}, this run's "
+                f"is {tuple(self.features.shape)} (eval.knn_monitor_queue, feature width)"
+            )
         self.features.copy_(state["features"])
         self.labels.copy_(state["labels"])
         if not dist.is_initialized() or dist.get_rank() == 0:  # the sum over ranks, counted once

@@ -37,8 +37,15 @@ class Session:
 
     def batches(self, shard_dir: str, views_kind: str = "eval"):
         """This rank's share of every sample of shard_dir (one eval view per image)."""
-        return eval_batches(shard_dir, eval_views_cfg(self.cfg.data.views, views_kind), self.cfg.eval.batch_size,
-                            self.info.rank, self.info.world_size, int(self.cfg.data.workers), self.cfg.train.seed)
+        return eval_batches(
+            shard_dir,
+            eval_views_cfg(self.cfg.data.views, views_kind),
+            self.cfg.eval.batch_size,
+            self.info.rank,
+            self.info.world_size,
+            int(self.cfg.data.workers),
+            self.cfg.train.seed,
+        )
 
     def features(self, shard_dir: str, feature_fn: feats.FeatureFn = feats.pooled) -> feats.Features:
         """Features of every sample of shard_dir, gathered on every rank and sorted by key."""
@@ -47,8 +54,12 @@ class Session:
         return feats.gather(local, self.device)
 
     def describe(self) -> dict:
-        return {"model": self.cfg.model.name, "weights": self.weights, "random_init": self.weights is None,
-                "world_size": self.info.world_size}
+        return {
+            "model": self.cfg.model.name,
+            "weights": self.weights,
+            "random_init": self.weights is None,
+            "world_size": self.info.world_size,
+        }
 
 
 def build_config(recipe: str, overrides: list[str], model: str | None) -> DictConfig:
@@ -74,4 +85,3 @@ def _json_default(value):
     if OmegaConf.is_config(value):
         return OmegaConf.to_container(value, resolve=True)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-

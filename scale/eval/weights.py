@@ -20,18 +20,21 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
+
             return load_file(str(path), device="cpu")
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # safetensors and torch raise many types for a bad file
         raise UserError(f"--weights {path}: cannot read weights ({type(err).__name__}: {err})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError(f"--weights {path}: expected a backbone state dict (name -> tensor), as `scale ckpt export` "
-                        f"writes")
+        raise UserError(
+            f"--weights {path}: expected a backbone state dict (name -> tensor), as `scale ckpt export` writes"
+        )
     return state
 
 
-def load_backbone(model_cfg, weights: str | Path | None, device: torch.device, drop_path: float = 0.0,
-                  frozen: bool = True) -> nn.Module:
+def load_backbone(
+    model_cfg, weights: str | Path | None, device: torch.device, drop_path: float = 0.0, frozen: bool = True
+) -> nn.Module:
     """The backbone with exported weights (strict), or at random init when None; `frozen`: in eval mode without
     gradients (every evaluation but fine-tuning)."""
     backbone = build_backbone(model_cfg, drop_path=drop_path, device=device)
@@ -41,8 +44,10 @@ def load_backbone(model_cfg, weights: str | Path | None, device: torch.device, d
         state = read_state_dict(weights)
         missing, unexpected = backbone.state_dict().keys() - state.keys(), state.keys() - backbone.state_dict().keys()
         if missing or unexpected:
-            raise UserError(f"--weights {weights} does not match model '{model_cfg.name}': "
-                            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+            raise UserError(
+                f"--weights {weights} does not match model '{model_cfg.name}': "
+                f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+            )
         try:
             backbone.load_state_dict(state, strict=True)
         except RuntimeError as err:  # shape mismatches

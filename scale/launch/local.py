@@ -34,8 +34,16 @@ def spawn(nproc: int, argv: list[str]) -> int:
     port = str(free_port())
     procs = []
     for rank in range(nproc):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **{LAUNCH_MARK: "1"})
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+            **{LAUNCH_MARK: "1"},
+        )
         procs.append(subprocess.Popen([sys.executable, "-m", "scale.cli", *argv], env=env))
 
     def forward(signum, _frame):

@@ -124,8 +124,10 @@ def validate(options: SlurmOptions) -> None:
         if options.tasks_per_node < 1:
             raise UserError(f"--tasks-per-node {options.tasks_per_node}: need at least 1 task per node")
         if options.gpus_per_node and options.tasks_per_node != options.gpus_per_node:
-            raise UserError(f"--tasks-per-node {options.tasks_per_node} with --gpus-per-node "
-                            f"{options.gpus_per_node}: GPU jobs run one task per GPU")
+            raise UserError(
+                f"--tasks-per-node {options.tasks_per_node} with --gpus-per-node "
+                f"{options.gpus_per_node}: GPU jobs run one task per GPU"
+            )
     if options.cpus_per_task is not None and options.cpus_per_task < 1:
         raise UserError(f"--cpus-per-task {options.cpus_per_task}: need at least 1")
     if options.mem is not None and not _MEM_RE.match(options.mem):
@@ -135,15 +137,18 @@ def validate(options: SlurmOptions) -> None:
     if options.time is not None:
         seconds = time_seconds(options.time)
         if seconds is not None and seconds <= options.signal_lead:
-            raise UserError(f"--time '{options.time}' is not longer than the preemption signal lead "
-                            f"({options.signal_lead} s): give a longer --time or a shorter --signal-lead")
+            raise UserError(
+                f"--time '{options.time}' is not longer than the preemption signal lead "
+                f"({options.signal_lead} s): give a longer --time or a shorter --signal-lead"
+            )
     for flag in ("partition", "account", "qos", "constraint", "job_name"):
         _check_text("--" + flag.replace("_", "-"), getattr(options, flag))
     if options.partition is not None:
         known = partitions()
         if known is not None and options.partition not in known:
-            raise UserError(f"--partition '{options.partition}': not a partition of this cluster "
-                            f"(sinfo lists: {', '.join(known)})")
+            raise UserError(
+                f"--partition '{options.partition}': not a partition of this cluster (sinfo lists: {', '.join(known)})"
+            )
 
 
 def _override(key: str, value) -> str:
@@ -190,8 +195,10 @@ def load_sweep(path: str | Path) -> list[list[str]]:
         elif isinstance(item, list) and all(isinstance(s, str) for s in item):
             sets.append(list(item))
         else:
-            raise UserError(f"--sweep {path}: entry {index} must be a mapping of overrides or a list of "
-                            f"'section.key=value' strings, got {item!r}")
+            raise UserError(
+                f"--sweep {path}: entry {index} must be a mapping of overrides or a list of "
+                f"'section.key=value' strings, got {item!r}"
+            )
     return sets
 
 
@@ -203,12 +210,17 @@ def _recipe_arg(recipe: str) -> str:
 
 def _check_run_dir(run_dir: Path) -> None:
     # the run directory appears in '#SBATCH --output' lines (no shell there) and in Slurm's filename patterns
-    if any(c in str(run_dir) for c in "\"%\\\n\r") or not str(run_dir).isprintable():
+    if any(c in str(run_dir) for c in '"%\\\n\r') or not str(run_dir).isprintable():
         raise UserError(f"--run-dir '{run_dir}': must not contain quotes, '%', backslashes or control characters")
 
 
-def plan(recipe: str, overrides: list[str], run_dir: str | Path | None, options: SlurmOptions,
-         sweep: str | Path | None = None) -> Job:
+def plan(
+    recipe: str,
+    overrides: list[str],
+    run_dir: str | Path | None,
+    options: SlurmOptions,
+    sweep: str | Path | None = None,
+) -> Job:
     """Validate everything (Slurm options, the recipe with each task's overrides) and lay out the tasks."""
     validate(options)
     sets = load_sweep(sweep) if sweep is not None else None
@@ -240,14 +252,24 @@ def _directive(value) -> str:
 def render(job: Job, template: Path = TEMPLATE) -> str:
     if not template.is_file():
         raise UserError(f"--template {template}: file not found")
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template.parent)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template.parent)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["sh"] = lambda v: shlex.quote(str(v))
     env.filters["directive"] = _directive
     try:
         return env.get_template(template.name).render(
-            job=job, opts=job.options, tasks=job.tasks, preempted_exit_code=PREEMPTED_EXIT_CODE,
-            rendered_at=datetime.datetime.now().isoformat(timespec="seconds"), template=str(template))
+            job=job,
+            opts=job.options,
+            tasks=job.tasks,
+            preempted_exit_code=PREEMPTED_EXIT_CODE,
+            rendered_at=datetime.datetime.now().isoformat(timespec="seconds"),
+            template=str(template),
+        )
     except jinja2.TemplateSyntaxError as err:
         raise UserError(f"--template {template}: line {err.lineno}: {err.message}") from None
     except jinja2.UndefinedError as err:
@@ -273,13 +295,21 @@ def submit(job: Job) -> str:
         raise UserError(f"sbatch rejected {job.script}: {out.stderr.strip() or out.stdout.strip()}")
     job_id = out.stdout.strip().split(";")[0]  # --parsable prints 'id' or 'id;cluster'
     submitted = datetime.datetime.now().isoformat(timespec="seconds")
-    record = {"job_id": job_id, "script": str(job.script), "submitted": submitted, "array": job.array,
-              "options": asdict(job.options), "tasks": [str(t.run_dir) for t in job.tasks]}
+    record = {
+        "job_id": job_id,
+        "script": str(job.script),
+        "submitted": submitted,
+        "array": job.array,
+        "options": asdict(job.options),
+        "tasks": [str(t.run_dir) for t in job.tasks],
+    }
     _write_json(job.run_dir / JOB_RECORD, record)
     if job.array:
         for index, task in enumerate(job.tasks):
-            _write_json(task.run_dir / JOB_RECORD, {"job_id": f"{job_id}_{index}", "script": str(job.script),
-                                                    "submitted": submitted})
+            _write_json(
+                task.run_dir / JOB_RECORD,
+                {"job_id": f"{job_id}_{index}", "script": str(job.script), "submitted": submitted},
+            )
     return job_id
 
 
@@ -314,8 +344,10 @@ def job_state(job_id: str) -> dict | None:
     text = _run(["scontrol", "show", "job", "-o", job_id])
     if text:
         line = text.splitlines()[0]
-        fields = {key: re.search(rf"\b{key}=(\S*)", line) for key in
-                  ("JobState", "Reason", "Restarts", "RunTime", "TimeLimit", "ExitCode", "NodeList")}
+        fields = {
+            key: re.search(rf"\b{key}=(\S*)", line)
+            for key in ("JobState", "Reason", "Restarts", "RunTime", "TimeLimit", "ExitCode", "NodeList")
+        }
         info = {key.lower(): m.group(1) for key, m in fields.items() if m}
         return {"source": "scontrol", **info}
     text = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Elapsed,ExitCode,NodeList"])

@@ -60,8 +60,9 @@ def total_steps(config_path: Path) -> int | None:
     except (OSError, yaml.YAMLError, AttributeError):
         return None
     epochs, samples, batch = train.get("epochs"), train.get("samples_per_epoch"), train.get("global_batch")
-    by_epochs = epochs * (samples // batch) if all(isinstance(v, int) and v > 0 for v in (epochs, samples, batch)) \
-        else None
+    by_epochs = (
+        epochs * (samples // batch) if all(isinstance(v, int) and v > 0 for v in (epochs, samples, batch)) else None
+    )
     max_steps = train.get("max_steps")
     candidates = [v for v in (max_steps if isinstance(max_steps, int) else None, by_epochs) if v]
     return min(candidates) if candidates else None
@@ -87,8 +88,11 @@ def last_checkpoint(checkpoints: Path) -> str | None:
     if name and (checkpoints / name).is_dir():
         return name
     try:
-        steps = [p.name for p in checkpoints.iterdir() if p.is_dir() and _step_of(p.name) is not None
-                 and not p.name.startswith(".")]
+        steps = [
+            p.name
+            for p in checkpoints.iterdir()
+            if p.is_dir() and _step_of(p.name) is not None and not p.name.startswith(".")
+        ]
     except OSError:
         return None
     return max(steps, key=_step_of) if steps else None
@@ -154,6 +158,7 @@ def _duration(seconds: float | None) -> str:
 
 def summary_row(status: RunStatus) -> dict[str, str]:
     """Display strings for one run."""
+
     def num(value, fmt):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return "-"
@@ -172,7 +177,14 @@ def summary_row(status: RunStatus) -> dict[str, str]:
             slurm_state += f" [{reason}]"
     elif status.job_id:
         slurm_state = "unknown to Slurm"
-    return {"run": status.run_dir, "step": step, "epoch": num(status.epoch, ".2f"), "loss": num(status.loss, ".4f"),
-            "images/s": num(status.images_per_s, ".1f"), "eta": _duration(status.eta_s),
-            "checkpoint": status.last_checkpoint or "-",
-            "job": status.job_id or "-", "slurm": slurm_state}
+    return {
+        "run": status.run_dir,
+        "step": step,
+        "epoch": num(status.epoch, ".2f"),
+        "loss": num(status.loss, ".4f"),
+        "images/s": num(status.images_per_s, ".1f"),
+        "eta": _duration(status.eta_s),
+        "checkpoint": status.last_checkpoint or "-",
+        "job": status.job_id or "-",
+        "slurm": slurm_state,
+    }

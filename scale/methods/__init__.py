@@ -22,9 +22,16 @@ def method_class(kind: str, variant: str = "mocov3"):
         raise UserError(f"method.kind: unknown method '{kind}' (expected one of {', '.join(KINDS)})")
     if kind == "mocov3":
         if variant not in MOCO_VARIANTS:
-            raise UserError(f"method.moco.variant: unknown framework '{variant}' "
-                            f"(expected one of {', '.join(MOCO_VARIANTS)})")
-        return {"mocov3": mocov3.MocoV3, "mocov2": mocov2.MocoV2, "simclr": simclr.SimCLR, "byol": byol.BYOL, "swav": swav.SwAV}[variant]
+            raise UserError(
+                f"method.moco.variant: unknown framework '{variant}' (expected one of {', '.join(MOCO_VARIANTS)})"
+            )
+        return {
+            "mocov3": mocov3.MocoV3,
+            "mocov2": mocov2.MocoV2,
+            "simclr": simclr.SimCLR,
+            "byol": byol.BYOL,
+            "swav": swav.SwAV,
+        }[variant]
     return {"dino": dino.Dino, "esvit": esvit.Esvit, "drloc": drloc.Drloc, "supervised": supervised.Supervised}[kind]
 
 
@@ -33,8 +40,9 @@ def has_class_head(cfg) -> bool:
     return method_class(cfg.method.kind, cfg.method.moco.variant).classifies
 
 
-def build_method(cfg, steps_per_epoch: int, total_steps: int, device: torch.device | str | None = None,
-                 backbone_fn=None):
+def build_method(
+    cfg, steps_per_epoch: int, total_steps: int, device: torch.device | str | None = None, backbone_fn=None
+):
     """The Method of recipe `cfg`, its modules built on `device` ("meta": the engine allocates and initialises them
     after sharding; it also converts BatchNorm to SyncBN on GPUs). `backbone_fn(drop_path=None) -> nn.Module`
     defaults to the model registry's `build_backbone(cfg.model, ...)`; teachers get drop_path=0."""

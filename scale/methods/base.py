@@ -11,8 +11,8 @@ Rules that keep every engine working:
 """
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn

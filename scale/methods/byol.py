@@ -6,7 +6,7 @@ regresses the target projection of the other view, target = momentum encoder (ba
 Heads follow BYOL (MoCo v3 appendix): 2-layer projector and predictor, BN in the hidden layers only.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +34,11 @@ class BYOL(Method):
             return moco_projector(in_dim, False, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads, last_bn=False, num_layers=2)
 
         backbone = backbone_fn()
-        self.student = ProjectionNet(backbone, projector(backbone.embed_dim),
-                                     moco_predictor(False, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads, last_bn=False))
+        self.student = ProjectionNet(
+            backbone,
+            projector(backbone.embed_dim),
+            moco_predictor(False, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads, last_bn=False),
+        )
         self.teacher = momentum_encoder(backbone_fn, projector, self.student)
         self.momentum = schedules.encoder_momentum(mc.momentum, mc.momentum_cosine, steps_per_epoch, total_steps)
 

@@ -7,7 +7,7 @@ Sinkhorn-Knopp, no multi-crop through the views config, MSE, predictor) are opti
 """
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +25,9 @@ from scale.models.heads import DinoHead
 BackboneFn = Callable[..., nn.Module]  # backbone_fn(drop_path=None) -> a fresh backbone
 
 
-def teacher_probs(teacher_logits: torch.Tensor, center: torch.Tensor | None, temp: float,
-                  sinkhorn_iters: int = 0) -> torch.Tensor:
+def teacher_probs(
+    teacher_logits: torch.Tensor, center: torch.Tensor | None, temp: float, sinkhorn_iters: int = 0
+) -> torch.Tensor:
     """Targets: softmax((t - c) / T_t) (centering and sharpening) or, with `sinkhorn_iters` > 0, Sinkhorn-Knopp
     assignments of t / T_t (Table 7 row 3)."""
     if sinkhorn_iters > 0:
@@ -43,8 +44,9 @@ def pair_mask(teacher_views: int, student_views: int, device=None) -> torch.Tens
     return mask
 
 
-def cross_entropy_pairs(student_logits: torch.Tensor, targets: torch.Tensor, student_temp: float,
-                        teacher_views: int, student_views: int) -> torch.Tensor:
+def cross_entropy_pairs(
+    student_logits: torch.Tensor, targets: torch.Tensor, student_temp: float, teacher_views: int, student_views: int
+) -> torch.Tensor:
     """Mean over pairs (i, v != i) of the batch-mean cross-entropy -sum_k P_t^i log P_s^v.
     student_logits [V_s*B, K], targets [V_t*B, K], both view-major."""
     log_ps = F.log_softmax(student_logits.float() / student_temp, dim=-1).unflatten(0, (student_views, -1))
@@ -55,8 +57,9 @@ def cross_entropy_pairs(student_logits: torch.Tensor, targets: torch.Tensor, stu
     return ce[mask].mean()
 
 
-def mse_pairs(student_logits: torch.Tensor, targets: torch.Tensor, student_temp: float,
-              teacher_views: int, student_views: int) -> torch.Tensor:
+def mse_pairs(
+    student_logits: torch.Tensor, targets: torch.Tensor, student_temp: float, teacher_views: int, student_views: int
+) -> torch.Tensor:
     """Table 7 row 5: the cross-entropy replaced by the squared error sum_k (P_t^i - P_s^v)^2, same pairs. (The
     paper does not spell out the MSE; this keeps everything else of DINO, including the temperatures.)"""
     ps = F.softmax(student_logits.float() / student_temp, dim=-1).unflatten(0, (student_views, -1))
@@ -88,19 +91,29 @@ class Dino(Method):
         if dc.loss not in ("ce", "mse"):
             raise UserError(f"method.dino.loss: expected ce or mse, got '{dc.loss}'")
         self.student = self._build(backbone_fn(), norm_last_layer=dc.norm_last_layer, predictor=dc.predictor)
-        self.teacher = init_teacher(self._build(backbone_fn(drop_path=0.0), norm_last_layer=dc.norm_last_layer,
-                                                predictor=False), self.student)
+        self.teacher = init_teacher(
+            self._build(backbone_fn(drop_path=0.0), norm_last_layer=dc.norm_last_layer, predictor=False), self.student
+        )
         epochs = math.ceil(total_steps / steps_per_epoch)
         self.momentum = schedules.cosine(dc.momentum_teacher, 1.0, total_steps)
-        self.teacher_temp = schedules.teacher_temperature(dc.warmup_teacher_temp, dc.teacher_temp,
-                                                          dc.warmup_teacher_temp_epochs, epochs)
+        self.teacher_temp = schedules.teacher_temperature(
+            dc.warmup_teacher_temp, dc.teacher_temp, dc.warmup_teacher_temp_epochs, epochs
+        )
         # created with the method (not lazily) so that a checkpoint template always has it to load into
         self.center = torch.zeros(1, dc.out_dim, device="cpu")  # not on the meta device of a meta build
 
     def _head(self, in_dim: int, norm_last_layer: bool, predictor: bool) -> DinoHead:
         dc = self.cfg
-        return DinoHead(in_dim, dc.out_dim, dc.hidden_dim, dc.bottleneck_dim, dc.head_layers, dc.use_bn_in_head,
-                        norm_last_layer, predictor)
+        return DinoHead(
+            in_dim,
+            dc.out_dim,
+            dc.hidden_dim,
+            dc.bottleneck_dim,
+            dc.head_layers,
+            dc.use_bn_in_head,
+            norm_last_layer,
+            predictor,
+        )
 
     def _build(self, backbone: nn.Module, norm_last_layer: bool, predictor: bool) -> MultiCropNet:
         return MultiCropNet(backbone, self._head(backbone.embed_dim, norm_last_layer, predictor))
@@ -131,7 +144,7 @@ class Dino(Method):
         with torch.no_grad():
             teacher = self.teacher(batch.crops[:1], region=False)
         teacher_logits = teacher["logits"]
-        self.monitor_features = teacher["pooled"][:batch.batch_size].detach()
+        self.monitor_features = teacher["pooled"][: batch.batch_size].detach()
         student_logits = self.student(batch.crops, region=False)["logits"]
         loss, metrics = self.view_loss(student_logits, teacher_logits, self.temperature(ctx), n_teacher, n_student)
         return loss, {"loss": loss.item(), "teacher_temp": self.temperature(ctx), **metrics}

@@ -15,7 +15,7 @@ the batch; the official pseudocode averages, which keeps lambda independent of t
 `normalize_targets=False` reproduces the official code's raw integer offsets for l1/signed.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +42,9 @@ def sample_positions(batch: int, k: int, m: int, exhaustive: bool, device=None) 
     """(pos1, pos2) [B, m, 2] integer (row, col) on a k x k grid; uniform with replacement, or (exhaustive) pos1
     enumerating the k^2 cells in row-major order with uniform partners."""
     if exhaustive:
-        cells = torch.stack(torch.meshgrid(torch.arange(k, device=device), torch.arange(k, device=device),
-                                           indexing="ij"), dim=-1).reshape(1, k * k, 2)
+        cells = torch.stack(
+            torch.meshgrid(torch.arange(k, device=device), torch.arange(k, device=device), indexing="ij"), dim=-1
+        ).reshape(1, k * k, 2)
         pos1 = cells.expand(batch, -1, -1)
         pos2 = torch.randint(k, (batch, k * k, 2), device=device)
         return pos1, pos2

@@ -13,7 +13,7 @@ targets), and the gradient is formed during the forward a chunk of rows at a tim
 region logits (`SoftTargetCrossEntropy`).
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,7 @@ from scale.methods.base import StepContext
 from scale.methods.dino import Dino, pair_mask
 from scale.methods.nets import MultiCropNet
 
-WORK_ELEMENTS = 2 ** 18  # elements of one chunk of rows (1 MiB in fp32: the work buffers stay in cache)
+WORK_ELEMENTS = 2**18  # elements of one chunk of rows (1 MiB in fp32: the work buffers stay in cache)
 
 # (row indices [n], out [n, K] fp32) -> out filled with those rows of the targets
 TargetRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -39,8 +39,9 @@ def chunk_rows(classes: int) -> int:
 @torch.no_grad()
 def match_tokens(student_tokens: torch.Tensor, teacher_tokens: torch.Tensor) -> torch.Tensor:
     """[B, N_s, D], [B, N_t, D] -> [B, N_s] index of the most cosine-similar teacher token of each student token."""
-    sim = torch.einsum("bsd,btd->bst", F.normalize(student_tokens.float(), dim=-1),
-                       F.normalize(teacher_tokens.float(), dim=-1))
+    sim = torch.einsum(
+        "bsd,btd->bst", F.normalize(student_tokens.float(), dim=-1), F.normalize(teacher_tokens.float(), dim=-1)
+    )
     return sim.argmax(dim=-1)
 
 
@@ -63,9 +64,9 @@ class CenteredSoftmaxRows:
         self.log_norm = torch.empty(rows, device=logits.device)
         self.logit_sum = torch.zeros(1, classes, device=logits.device)
         for start in range(0, rows, step):
-            x = work[:min(step, rows - start)].copy_(logits[start:start + step])
+            x = work[: min(step, rows - start)].copy_(logits[start : start + step])
             self.logit_sum += x.sum(0, keepdim=True)
-            self.log_norm[start:start + step] = torch.logsumexp(x.sub_(self.center).div_(temp), dim=-1)
+            self.log_norm[start : start + step] = torch.logsumexp(x.sub_(self.center).div_(temp), dim=-1)
 
     @torch.no_grad()
     def __call__(self, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -96,7 +97,7 @@ class SoftTargetCrossEntropy(torch.autograd.Function):
         with torch.autocast(logits.device.type, enabled=False):  # the loss arithmetic is fp32 by design
             for first, weight, index in segments:
                 for start in range(0, len(index[0]), step):
-                    rows = [i[start:start + step] for i in index]
+                    rows = [i[start : start + step] for i in index]
                     n = len(rows[0])
                     part = slice(first + start, first + start + n)
                     w = targets(rows[0], mixed[:n])
@@ -135,9 +136,14 @@ def split_views(per_group: list[torch.Tensor], views_per_group: list[int]) -> li
     return [view for t, v in zip(per_group, views_per_group) for view in t.chunk(v)]
 
 
-def region_loss_pairs(student_tokens: list[torch.Tensor], teacher_tokens: list[torch.Tensor],
-                      student_region: torch.Tensor, teacher_targets: torch.Tensor | TargetRows,
-                      student_temp: float, grad_weight: float = 1.0) -> torch.Tensor:
+def region_loss_pairs(
+    student_tokens: list[torch.Tensor],
+    teacher_tokens: list[torch.Tensor],
+    student_region: torch.Tensor,
+    teacher_targets: torch.Tensor | TargetRows,
+    student_temp: float,
+    grad_weight: float = 1.0,
+) -> torch.Tensor:
     """Mean of the region loss over the pairs (teacher view i, student view v != i).
 
     Tokens are per view ([B, N_v, D]); the region outputs are flat with the views' rows in order, view v's
@@ -153,8 +159,10 @@ def region_loss_pairs(student_tokens: list[torch.Tensor], teacher_tokens: list[t
     segments, first = [], 0
     for v, tokens in enumerate(student_tokens):
         batch, n = tokens.shape[:2]
-        index = [flat_rows(match_tokens(tokens, teacher_tokens[i]), teacher_tokens[i].shape[1], teacher_first[i])
-                 for i in mask[:, v].nonzero().flatten().tolist()]
+        index = [
+            flat_rows(match_tokens(tokens, teacher_tokens[i]), teacher_tokens[i].shape[1], teacher_first[i])
+            for i in mask[:, v].nonzero().flatten().tolist()
+        ]
         segments.append((first, 1.0 / (pairs * batch * n), index))
         first += batch * n
     if first != student_region.shape[0]:
@@ -168,8 +176,11 @@ class Esvit(Dino):
         self.region_center = torch.zeros(1, self.cfg.out_dim, device="cpu")
 
     def _build(self, backbone: nn.Module, norm_last_layer: bool, predictor: bool) -> MultiCropNet:
-        return MultiCropNet(backbone, self._head(backbone.embed_dim, norm_last_layer, predictor),
-                            self._head(backbone.token_dim, norm_last_layer, False))
+        return MultiCropNet(
+            backbone,
+            self._head(backbone.embed_dim, norm_last_layer, predictor),
+            self._head(backbone.token_dim, norm_last_layer, False),
+        )
 
     def region_active(self, ctx: StepContext) -> bool:
         return ctx.epoch >= self.cfg.region_from_epoch
@@ -182,7 +193,7 @@ class Esvit(Dino):
             teacher = self.teacher(batch.crops[:1], region=region)
             if region:  # the teacher's region targets and center before the student's activations exist
                 targets, region_center = self.region_targets(teacher["region_logits"], temp)
-        self.monitor_features = teacher["pooled"][:batch.batch_size].detach()
+        self.monitor_features = teacher["pooled"][: batch.batch_size].detach()
         student = self.student(batch.crops, region=region)
         view, metrics = self.view_loss(student["logits"], teacher["logits"], temp, n_teacher, n_student)
         if not region:
@@ -193,11 +204,20 @@ class Esvit(Dino):
         region_loss = region_loss_pairs(
             split_views(student["tokens"], batch.views_per_group),
             split_views(teacher["tokens"], batch.views_per_group[:1]),
-            student["region_logits"], targets, self.cfg.student_temp, grad_weight=w)
+            student["region_logits"],
+            targets,
+            self.cfg.student_temp,
+            grad_weight=w,
+        )
         self.region_center = region_center
         loss = (1 - w) * view + w * region_loss
-        return loss, {"loss": loss.item(), "view_loss": view.item(), "region_loss": region_loss.item(),
-                      "teacher_temp": temp, **metrics}
+        return loss, {
+            "loss": loss.item(),
+            "view_loss": view.item(),
+            "region_loss": region_loss.item(),
+            "teacher_temp": temp,
+            **metrics,
+        }
 
     def region_targets(self, teacher_region: torch.Tensor, temp: float) -> tuple[TargetRows, torch.Tensor]:
         """Teacher region logits [V_t*B*N_t, K] -> (targets P_t from the current center, the center updated with

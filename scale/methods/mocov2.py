@@ -5,7 +5,7 @@ projector without BN and no predictor; symmetrised over the two views:
     ctr(q, k) = CE([q.k, q.queue^T] / tau, label 0),   loss = ctr(q1, k2) + ctr(q2, k1)
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +35,7 @@ class MocoV2(Method):
         self.cfg = mc = cfg.method.moco
         backbone = backbone_fn()
         self.student = ProjectionNet(backbone, projector(backbone.embed_dim, mc.mlp_dim, mc.dim))
-        self.teacher = momentum_encoder(backbone_fn, lambda width: projector(width, mc.mlp_dim, mc.dim),
-                                        self.student)
+        self.teacher = momentum_encoder(backbone_fn, lambda width: projector(width, mc.mlp_dim, mc.dim), self.student)
         # the paper's constant 0.999 (recipes/dino/table7/row8_mocov2.yaml), or MoCo v3's cosine with momentum_cosine
         self.momentum = schedules.encoder_momentum(mc.momentum, mc.momentum_cosine, steps_per_epoch, total_steps)
         # created with the method so that a checkpoint template has them; random unit keys, as MoCo starts
@@ -48,7 +47,7 @@ class MocoV2(Method):
         queries, keys = momentum_forward(self, batch, "MoCo v2", False)
         q1, q2 = queries["z"].chunk(2)
         k1, k2 = keys["z"].chunk(2)
-        self.monitor_features = keys["pooled"][:batch.batch_size].detach()
+        self.monitor_features = keys["pooled"][: batch.batch_size].detach()
         self.queue = self.queue.to(q1.device)
         # the last step's keys go in now that its backward, which needed the queue as it was, is done: the queue is
         # updated in place (no copy of it per step) and this step's logits see the keys of every earlier step

@@ -5,7 +5,7 @@ negatives and no queue (paper Alg. 1):
     ctr(q, k) = CE(q k_all^T / tau, labels = arange(N) + N * rank) * 2 tau,   loss = ctr(q1, k2) + ctr(q2, k1)
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +35,9 @@ def contrastive(q: torch.Tensor, k: torch.Tensor, tau: float) -> torch.Tensor:
 
 def check_two_views(batch: Batch, method: str) -> None:
     if batch.views_per_group[0] != 2:
-        raise UserError(f"{method} needs 2 global views per image (data.views.n_global=2), "
-                         f"got {batch.views_per_group[0]}")
+        raise UserError(
+            f"{method} needs 2 global views per image (data.views.n_global=2), got {batch.views_per_group[0]}"
+        )
 
 
 def momentum_forward(method: Method, batch: Batch, name: str, per_view_bn: bool) -> tuple[dict, dict]:
@@ -44,10 +45,12 @@ def momentum_forward(method: Method, batch: Batch, name: str, per_view_bn: bool)
     momentum encoder (MoCo v2/v3, BYOL)."""
     check_two_views(batch, name)
     if per_view_bn and method.cfg.bn_in_heads and batch.batch_size < 2:
-        raise UserError(f"{name}: BatchNorm in the heads (method.moco.bn_in_heads) normalises each view over this "
-                        f"rank's images and needs at least 2 per forward, got {batch.batch_size} (train.global_batch "
-                        f"/ ranks / engine.grad_accum); raise the batch, or set method.moco.bn_batching=joint or "
-                        f"method.moco.bn_in_heads=false")
+        raise UserError(
+            f"{name}: BatchNorm in the heads (method.moco.bn_in_heads) normalises each view over this "
+            f"rank's images and needs at least 2 per forward, got {batch.batch_size} (train.global_batch "
+            f"/ ranks / engine.grad_accum); raise the batch, or set method.moco.bn_batching=joint or "
+            f"method.moco.bn_in_heads=false"
+        )
     crops, views = batch.crops[:1], batch.views_per_group[:1]
     online = method.student(crops, views, per_view_bn)
     with torch.no_grad():
@@ -62,13 +65,16 @@ class MocoV3(Method):
         resnet = is_resnet(cfg)
 
         def projector(in_dim: int) -> nn.Module:
-            return moco_projector(in_dim, resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads,
-                                  num_layers=None if resnet else mc.proj_layers)
+            return moco_projector(
+                in_dim, resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads, num_layers=None if resnet else mc.proj_layers
+            )
 
         backbone = backbone_fn()
         self.student = ProjectionNet(
-            backbone, projector(backbone.embed_dim),
-            moco_predictor(resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads, num_layers=mc.pred_layers))
+            backbone,
+            projector(backbone.embed_dim),
+            moco_predictor(resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads, num_layers=mc.pred_layers),
+        )
         self.teacher = momentum_encoder(backbone_fn, projector, self.student)
         self.momentum = schedules.encoder_momentum(mc.momentum, mc.momentum_cosine, steps_per_epoch, total_steps)
 
@@ -76,7 +82,7 @@ class MocoV3(Method):
         queries, keys = momentum_forward(self, batch, "MoCo v3", self.per_view_bn)
         q1, q2 = queries["p"].chunk(2)
         k1, k2 = keys["z"].chunk(2)
-        self.monitor_features = keys["pooled"][:batch.batch_size].detach()
+        self.monitor_features = keys["pooled"][: batch.batch_size].detach()
         tau = self.cfg.temperature
         loss = contrastive(q1, k2, tau) + contrastive(q2, k1, tau)
         return loss, {"loss": loss.item()}

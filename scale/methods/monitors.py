@@ -12,11 +12,14 @@ def layer_name(param_name: str) -> str:
     """Group parameters by layer: up to the first block index ('backbone.blocks.3.attn.qkv.weight' ->
     'backbone.blocks.3'), else the owning module ('backbone.patch_embed.proj.weight' -> 'backbone.patch_embed.proj').
     Wrapper prefixes (DDP 'module.', FSDP/compile internals) are dropped."""
-    parts = [p for p in param_name.split(".") if p not in ("module", "_orig_mod", "_fsdp_wrapped_module",
-                                                           "_checkpoint_wrapped_module")]
+    parts = [
+        p
+        for p in param_name.split(".")
+        if p not in ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+    ]
     for i, part in enumerate(parts[:-1]):
         if part.isdigit():
-            return ".".join(parts[:i + 1])
+            return ".".join(parts[: i + 1])
     return ".".join(parts[:-1]) or parts[-1]
 
 
@@ -60,8 +63,11 @@ class GradSpikeDetector:
             return {}
         spikes = self.update(norms)
         first = next(iter(norms))
-        return {"grad_norm_first_layer": norms[first], "grad_norm_max_layer": max(norms.values()),
-                "grad_spikes": float(len(spikes))}
+        return {
+            "grad_norm_first_layer": norms[first],
+            "grad_norm_max_layer": max(norms.values()),
+            "grad_spikes": float(len(spikes)),
+        }
 
     def state_dict(self) -> dict:
         return {layer: list(values) for layer, values in self.history.items()}

@@ -4,7 +4,7 @@
 A backbone maps images [B, 3, H, W] to {"pooled": [B, D], "tokens": [B, N, Dt], "grid": (h, w)}.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -39,8 +39,13 @@ class ProjectionNet(nn.Module):
     (ii), its Alg. 1); otherwise all crops share one batch (option (i)). The backbone runs once per resolution
     group unless it has BatchNorm itself (ResNet, ViT-BN), which then also sees one view at a time."""
 
-    def __init__(self, backbone: nn.Module, projector: nn.Module, predictor: nn.Module | None = None,
-                 prototypes: nn.Module | None = None):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projector: nn.Module,
+        predictor: nn.Module | None = None,
+        prototypes: nn.Module | None = None,
+    ):
         super().__init__()
         self.backbone = backbone
         self.projector = projector
@@ -79,7 +84,7 @@ class Prototypes(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)  # nn.Linear's default, as SwAV's prototype layer
+        nn.init.kaiming_uniform_(self.weight, a=5**0.5)  # nn.Linear's default, as SwAV's prototype layer
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return z @ nn.functional.normalize(self.weight, dim=1).t()
@@ -98,7 +103,7 @@ def block_grid(output: torch.Tensor, backbone: nn.Module, grid: tuple[int, int])
     final grid (prefix tokens, e.g. CLS, dropped)."""
     if output.dim() == 4:
         return output.permute(0, 3, 1, 2)
-    tokens = output[:, getattr(backbone, "num_prefix_tokens", 0):]
+    tokens = output[:, getattr(backbone, "num_prefix_tokens", 0) :]
     return token_grid({"tokens": tokens, "grid": grid})
 
 
@@ -125,8 +130,13 @@ class ClassifierNet(nn.Module):
     """Backbone + linear classifier, with optional DRLoc localization heads: one on the final grid, or
     (`every_block`, Eq. 7) one per block, reading the block outputs through forward hooks."""
 
-    def __init__(self, backbone: nn.Module, classifier: nn.Module, drloc_heads: DrlocHeads | None = None,
-                 every_block: bool = False):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        classifier: nn.Module,
+        drloc_heads: DrlocHeads | None = None,
+        every_block: bool = False,
+    ):
         super().__init__()
         self.backbone = backbone
         self.classifier = classifier
@@ -138,8 +148,14 @@ class ClassifierNet(nn.Module):
         the localization heads run on them here, inside the wrapped forward."""
         use_drloc = self.drloc_heads is not None and drloc_sampler is not None
         outputs: list[torch.Tensor] = []
-        hooks = [block.register_forward_hook(lambda _m, _i, out: outputs.append(out))
-                 for block in self.backbone.block_modules()] if use_drloc and self.every_block else []
+        hooks = (
+            [
+                block.register_forward_hook(lambda _m, _i, out: outputs.append(out))
+                for block in self.backbone.block_modules()
+            ]
+            if use_drloc and self.every_block
+            else []
+        )
         try:
             features = self.backbone(x)
         finally:
@@ -171,8 +187,9 @@ def init_teacher(teacher: nn.Module, student: nn.Module) -> nn.Module:
     return teacher
 
 
-def momentum_encoder(backbone_fn: Callable[..., nn.Module], projector: Callable[[int], nn.Module],
-                     student: nn.Module) -> ProjectionNet:
+def momentum_encoder(
+    backbone_fn: Callable[..., nn.Module], projector: Callable[[int], nn.Module], student: nn.Module
+) -> ProjectionNet:
     """MoCo's and BYOL's momentum encoder: a backbone without stochastic depth and `projector(its width)`, no
     predictor, initialised from the student and frozen (`init_teacher`)."""
     backbone = backbone_fn(drop_path=0.0)

@@ -4,7 +4,7 @@ global batch; for each view the positive is the other view of the same image, th
     loss = mean_i -log( exp(s(z_i, z_i+) / tau) / sum_{j != i} exp(s(z_i, z_j) / tau) ),  s = cosine similarity
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +41,17 @@ class SimCLR(Method):
         self.per_view_bn = _bn_batching(mc.bn_batching)
         backbone = backbone_fn()
         resnet = is_resnet(cfg)
-        self.student = ProjectionNet(backbone, moco_projector(
-            backbone.embed_dim, resnet, mc.dim, mc.mlp_dim, bn=mc.bn_in_heads,
-            num_layers=None if resnet else mc.proj_layers))
+        self.student = ProjectionNet(
+            backbone,
+            moco_projector(
+                backbone.embed_dim,
+                resnet,
+                mc.dim,
+                mc.mlp_dim,
+                bn=mc.bn_in_heads,
+                num_layers=None if resnet else mc.proj_layers,
+            ),
+        )
 
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
         check_two_views(batch, "SimCLR")

@@ -1,6 +1,6 @@
 """Supervised training: cross-entropy with label smoothing and timm's Mixup/CutMix (DRLoc baselines, fine-tuning)."""
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +17,10 @@ from scale.models.heads import LinearClassifier
 def check_labels(batch: Batch, num_classes: int) -> torch.Tensor:
     labels = batch.labels
     if labels.dim() != 1 or labels.dtype not in (torch.int64, torch.int32):
-        raise UserError(f"supervised training needs one class index per image, got labels of shape "
-                         f"{tuple(labels.shape)} and dtype {labels.dtype}")
+        raise UserError(
+            f"supervised training needs one class index per image, got labels of shape "
+            f"{tuple(labels.shape)} and dtype {labels.dtype}"
+        )
     bad = (labels < 0) | (labels >= num_classes)
     if bad.any():
         i = int(bad.nonzero()[0])
@@ -35,8 +37,16 @@ class Supervised(Method):
         self.num_classes = cfg.data.num_classes
         backbone = backbone_fn()
         self.student = self._build(backbone, LinearClassifier(backbone.embed_dim, self.num_classes))
-        self.mixup = (Mixup(mixup_alpha=sc.mixup, cutmix_alpha=sc.cutmix, label_smoothing=sc.label_smoothing,
-                            num_classes=self.num_classes) if sc.mixup > 0 or sc.cutmix > 0 else None)
+        self.mixup = (
+            Mixup(
+                mixup_alpha=sc.mixup,
+                cutmix_alpha=sc.cutmix,
+                label_smoothing=sc.label_smoothing,
+                num_classes=self.num_classes,
+            )
+            if sc.mixup > 0 or sc.cutmix > 0
+            else None
+        )
 
     def _build(self, backbone: nn.Module, head: nn.Module) -> ClassifierNet:
         return ClassifierNet(backbone, head)

@@ -6,7 +6,7 @@ prototype scores of each global view (no gradient); every other view predicts th
 no BN in the heads (MoCo v3 appendix), no queue (batch 4096 in the paper), prototypes frozen for the first steps.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -26,15 +26,18 @@ class SwAV(Method):
         self.per_view_bn = _bn_batching(mc.bn_batching)
         backbone = backbone_fn()
         self.student = ProjectionNet(
-            backbone, moco_projector(backbone.embed_dim, False, mc.dim, mc.mlp_dim, bn=False, num_layers=2),
-            prototypes=Prototypes(mc.dim, mc.swav_prototypes))
+            backbone,
+            moco_projector(backbone.embed_dim, False, mc.dim, mc.mlp_dim, bn=False, num_layers=2),
+            prototypes=Prototypes(mc.dim, mc.swav_prototypes),
+        )
 
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
         scores = self.student(batch.crops, batch.views_per_group, self.per_view_bn)["scores"]
         n_global, n_views = batch.views_per_group[0], sum(batch.views_per_group)
-        global_scores = scores[:scores.shape[0] // n_views * n_global].detach()
-        codes = torch.cat([sinkhorn_knopp(s, self.cfg.swav_epsilon, self.cfg.sinkhorn_iters)
-                           for s in global_scores.chunk(n_global)])
+        global_scores = scores[: scores.shape[0] // n_views * n_global].detach()
+        codes = torch.cat(
+            [sinkhorn_knopp(s, self.cfg.swav_epsilon, self.cfg.sinkhorn_iters) for s in global_scores.chunk(n_global)]
+        )
         loss = cross_entropy_pairs(scores, codes, self.cfg.swav_temperature, n_global, n_views)
         return loss, {"loss": loss.item()}
 

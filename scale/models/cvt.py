@@ -13,27 +13,38 @@ cvt_v4 shrinks the window the same way). The final 14x14 (CvT-13) or 7x7 (CvT-T)
 """
 
 import torch
-from torch import nn
 from timm.layers import use_fused_attn
 from timm.models.swin_transformer import window_partition, window_reverse
+from torch import nn
 
 from scale.models.registry import register
-from scale.models.staged import (Block, ConvEmbed, GeometryCache, Grid, Stage, StagedBackbone, attend,
-                                 check_fixed_options, stochastic_depth)
+from scale.models.staged import (
+    Block,
+    ConvEmbed,
+    GeometryCache,
+    Grid,
+    Stage,
+    StagedBackbone,
+    attend,
+    check_fixed_options,
+    stochastic_depth,
+)
 from scale.models.swin import relative_position_index, shifted_window_mask, window_and_shift
 
 
 def conv_projection(dim: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(dim, dim, kernel_size=3, stride=stride, padding=1, groups=dim, bias=False),
-                         nn.BatchNorm2d(dim))
+    return nn.Sequential(
+        nn.Conv2d(dim, dim, kernel_size=3, stride=stride, padding=1, groups=dim, bias=False), nn.BatchNorm2d(dim)
+    )
 
 
 class ConvAttention(GeometryCache):
     """CvT attention: convolutional projections of the grid tokens, then full attention (`window` None, k/v with
     stride `kv_stride`) or attention within windows with a relative position bias (`window` set)."""
 
-    def __init__(self, dim: int, num_heads: int, kv_stride: int = 1, window: int = 0, prefix: int = 0,
-                 qkv_bias: bool = True):
+    def __init__(
+        self, dim: int, num_heads: int, kv_stride: int = 1, window: int = 0, prefix: int = 0, qkv_bias: bool = True
+    ):
         super().__init__()
         self.num_heads, self.head_dim, self.scale = num_heads, dim // num_heads, (dim // num_heads) ** -0.5
         self.prefix, self.window = prefix, (window, window)
@@ -49,7 +60,7 @@ class ConvAttention(GeometryCache):
 
     def forward(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
         batch, tokens, dim = x.shape
-        prefix, fmap = x[:, :self.prefix], x[:, self.prefix:].transpose(1, 2).reshape(batch, dim, *grid)
+        prefix, fmap = x[:, : self.prefix], x[:, self.prefix :].transpose(1, 2).reshape(batch, dim, *grid)
         q, k, v = (conv(fmap).flatten(2).transpose(1, 2) for conv in (self.conv_q, self.conv_k, self.conv_v))
         q, k, v = (torch.cat([prefix, t], dim=1) for t in (q, k, v))
         q, k, v = self.q(q), self.k(k), self.v(v)
@@ -64,8 +75,12 @@ class ConvAttention(GeometryCache):
         def build():
             window, _ = window_and_shift(grid, self.window, shifted=False)
             mask = shifted_window_mask(grid, window, (0, 0), device=device)  # masks padding only
-            return window, relative_position_index(window, self.window, device), \
-                None if mask is None else mask.to(dtype)
+            return (
+                window,
+                relative_position_index(window, self.window, device),
+                None if mask is None else mask.to(dtype),
+            )
+
         return self.cached((grid, device, dtype), build)
 
     def _windowed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
@@ -84,7 +99,7 @@ class ConvAttention(GeometryCache):
         bias = bias[None, None] if mask is None else bias[None, None] + mask[None, :, None]
         out = attend(windows(q), windows(k), windows(v), bias, self.fused_attn, self.scale)
         out = out.transpose(2, 3).reshape(-1, window[0], window[1], dim)
-        out = window_reverse(out, window, *padded)[:, :grid[0], :grid[1]]
+        out = window_reverse(out, window, *padded)[:, : grid[0], : grid[1]]
         return out.reshape(batch, tokens, dim)
 
 
@@ -99,14 +114,14 @@ SIZES = {
 
 
 class CvT(StagedBackbone):
-    def __init__(self, *, dims, depths, heads, embeds, kv_stride: int, window: int, cls_token: bool,
-                 drop_path: float):
+    def __init__(self, *, dims, depths, heads, embeds, kv_stride: int, window: int, cls_token: bool, drop_path: float):
         stages, in_dim = [], 3
         rates = stochastic_depth(drop_path, depths)
-        for index, (dim, depth, num_heads, (kernel, stride, padding)) in enumerate(zip(dims, depths, heads, embeds)):
+        for index, (dim, _depth, num_heads, (kernel, stride, padding)) in enumerate(zip(dims, depths, heads, embeds)):
             prefix = int(cls_token and index == len(dims) - 1)
-            blocks = [Block(dim, ConvAttention(dim, num_heads, kv_stride, window, prefix), 4.0, rate)
-                      for rate in rates[index]]
+            blocks = [
+                Block(dim, ConvAttention(dim, num_heads, kv_stride, window, prefix), 4.0, rate) for rate in rates[index]
+            ]
             stages.append(Stage(ConvEmbed(in_dim, dim, kernel, stride, padding, prefix), blocks, prefix))
             in_dim = dim
         super().__init__(stages)
@@ -118,8 +133,17 @@ def _cvt_factory(size: str):
 
     def build(cfg, drop_path: float) -> CvT:
         check_fixed_options(cfg, "CvT", embeds[0][1])
-        return CvT(dims=dims, depths=depths, heads=heads, embeds=embeds, kv_stride=kv_stride,
-                   window=cfg.window_size if window else 0, cls_token=cls_token, drop_path=drop_path)
+        return CvT(
+            dims=dims,
+            depths=depths,
+            heads=heads,
+            embeds=embeds,
+            kv_stride=kv_stride,
+            window=cfg.window_size if window else 0,
+            cls_token=cls_token,
+            drop_path=drop_path,
+        )
+
     return build
 
 

@@ -6,7 +6,6 @@ formula for the CPU fused attention kernel and would silently drop the attention
 """
 
 from contextlib import contextmanager, nullcontext
-from typing import Tuple, Union
 
 import torch
 from torch import nn
@@ -19,7 +18,7 @@ def count_params(backbone: nn.Module) -> int:
     return sum(p.numel() for p in backbone.parameters())
 
 
-def count_macs(backbone: nn.Module, img_size: Union[int, Tuple[int, int]]) -> int:
+def count_macs(backbone: nn.Module, img_size: int | tuple[int, int]) -> int:
     """Multiply-adds of one forward of one image of `img_size`, in eval mode, attention matmuls included."""
     height, width = (img_size, img_size) if isinstance(img_size, int) else img_size
     device = next(backbone.parameters()).device

@@ -30,7 +30,7 @@ class WeightNormLinear(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.weight_v, a=5 ** 0.5)  # nn.Linear's default init, as in the official head
+        nn.init.kaiming_uniform_(self.weight_v, a=5**0.5)  # nn.Linear's default init, as in the official head
         self.weight_g.fill_(1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -42,8 +42,17 @@ class DinoHead(nn.Module):
     Linear(bottleneck, out_dim). `predictor` adds a 2-layer MLP on the bottleneck (DINO Table 7, row 6); the
     teacher is built without it so its parameter names stay a subset of the student's."""
 
-    def __init__(self, in_dim: int, out_dim: int = 65536, hidden_dim: int = 2048, bottleneck_dim: int = 256,
-                 nlayers: int = 3, use_bn: bool = False, norm_last_layer: bool = True, predictor: bool = False):
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int = 65536,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        nlayers: int = 3,
+        use_bn: bool = False,
+        norm_last_layer: bool = True,
+        predictor: bool = False,
+    ):
         super().__init__()
         if nlayers < 1:
             raise ValueError(f"DINO head needs at least 1 layer, got {nlayers}")
@@ -56,8 +65,11 @@ class DinoHead(nn.Module):
                 layers += [nn.Linear(d_in, d_out)] + ([nn.BatchNorm1d(d_out)] if use_bn else []) + [nn.GELU()]
             layers.append(nn.Linear(hidden_dim, bottleneck_dim))
             self.mlp = nn.Sequential(*layers)
-        self.predictor = (nn.Sequential(nn.Linear(bottleneck_dim, hidden_dim), nn.GELU(),
-                                        nn.Linear(hidden_dim, bottleneck_dim)) if predictor else None)
+        self.predictor = (
+            nn.Sequential(nn.Linear(bottleneck_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, bottleneck_dim))
+            if predictor
+            else None
+        )
         self.last_layer = WeightNormLinear(bottleneck_dim, out_dim, fix_norm=norm_last_layer)
         self.init_weights()
 
@@ -76,8 +88,9 @@ class DinoHead(nn.Module):
         return self.last_layer(self.bottleneck(x))
 
 
-def moco_mlp(num_layers: int, in_dim: int, mlp_dim: int, out_dim: int, bn: bool = True,
-             last_bn: bool = True) -> nn.Sequential:
+def moco_mlp(
+    num_layers: int, in_dim: int, mlp_dim: int, out_dim: int, bn: bool = True, last_bn: bool = True
+) -> nn.Sequential:
     """MoCo v3's `_build_mlp`: bias-free Linear, BN, ReLU for hidden layers; the last Linear is followed by a
     BatchNorm without affine parameters when `last_bn`. Without `bn` (SwAV, or the paper's BN-free heads) the
     layers get biases instead. As in the official code, every Linear of a BN head is bias-free, even a last layer
@@ -96,15 +109,23 @@ def moco_mlp(num_layers: int, in_dim: int, mlp_dim: int, out_dim: int, bn: bool 
     return nn.Sequential(*layers)
 
 
-def moco_projector(in_dim: int, resnet: bool, dim: int = 256, mlp_dim: int = 4096, bn: bool = True,
-                   last_bn: bool = True, num_layers: int | None = None) -> nn.Sequential:
+def moco_projector(
+    in_dim: int,
+    resnet: bool,
+    dim: int = 256,
+    mlp_dim: int = 4096,
+    bn: bool = True,
+    last_bn: bool = True,
+    num_layers: int | None = None,
+) -> nn.Sequential:
     """ViT: 3 layers D -> 4096 -> 4096 -> 256; ResNet-50: 2 layers 2048 -> 4096 -> 256 (official_code_facts 2.3)."""
     layers = num_layers if num_layers is not None else (2 if resnet else 3)
     return moco_mlp(layers, in_dim, mlp_dim, dim, bn=bn, last_bn=last_bn)
 
 
-def moco_predictor(resnet: bool, dim: int = 256, mlp_dim: int = 4096, bn: bool = True,
-                   last_bn: bool | None = None, num_layers: int = 2) -> nn.Sequential:
+def moco_predictor(
+    resnet: bool, dim: int = 256, mlp_dim: int = 4096, bn: bool = True, last_bn: bool | None = None, num_layers: int = 2
+) -> nn.Sequential:
     """2 layers 256 -> 4096 -> 256; the last BN is used for ViT and not for ResNet-50 (official code)."""
     use_last_bn = (not resnet) if last_bn is None else last_bn
     return moco_mlp(num_layers, dim, mlp_dim, dim, bn=bn, last_bn=use_last_bn)
@@ -124,8 +145,12 @@ class DrlocHead(nn.Module):
 
     def __init__(self, in_dim: int, hidden_dim: int = 512, num_classes: int | None = None):
         super().__init__()
-        self.trunk = nn.Sequential(nn.Linear(2 * in_dim, hidden_dim), nn.ReLU(inplace=True),
-                                   nn.Linear(hidden_dim, hidden_dim), nn.ReLU(inplace=True))
+        self.trunk = nn.Sequential(
+            nn.Linear(2 * in_dim, hidden_dim),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden_dim, hidden_dim),
+            nn.ReLU(inplace=True),
+        )
         self.num_classes = num_classes
         if num_classes is None:
             self.out = nn.Linear(hidden_dim, 2)

@@ -1,12 +1,10 @@
 """Position embeddings of the ViT family: bicubic resizing of learned ones (DINO) and fixed 2-D sin-cos (MoCo v3)."""
 
-from typing import Tuple
-
 import torch
 import torch.nn.functional as F
 
 
-def resize_grid_embed(grid_embed: torch.Tensor, old: Tuple[int, int], new: Tuple[int, int]) -> torch.Tensor:
+def resize_grid_embed(grid_embed: torch.Tensor, old: tuple[int, int], new: tuple[int, int]) -> torch.Tensor:
     """[1, old_h*old_w, D] patch embeddings resized bicubically to [1, new_h*new_w, D].
 
     DINO's `interpolate_pos_encoding` (bicubic, align_corners=False, no antialias), with the target size given
@@ -32,8 +30,11 @@ def sincos_2d(h: int, w: int, dim: int, temperature: float = 10000.0, device=Non
         raise ValueError(f"sin-cos position embedding needs a dim divisible by 4, got {dim}")
     quarter = dim // 4
     omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float32, device=device) / quarter)
-    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32, device=device),
-                                torch.arange(w, dtype=torch.float32, device=device), indexing="ij")
+    rows, cols = torch.meshgrid(
+        torch.arange(h, dtype=torch.float32, device=device),
+        torch.arange(w, dtype=torch.float32, device=device),
+        indexing="ij",
+    )
     out_r = rows.flatten()[:, None] * omega[None]
     out_c = cols.flatten()[:, None] * omega[None]
     return torch.cat([out_r.sin(), out_r.cos(), out_c.sin(), out_c.cos()], dim=1)[None]

@@ -37,8 +37,16 @@ def _pvt_factory(size: str):
 
     def build(cfg, drop_path: float) -> PvT:
         check_fixed_options(cfg, "PvT", PATCHES[0])
-        return PvT(dims=dims, depths=depths, heads=heads, mlp_ratios=mlp_ratios, sr_ratios=sr_ratios,
-                   img_size=cfg.img_size, drop_path=drop_path)
+        return PvT(
+            dims=dims,
+            depths=depths,
+            heads=heads,
+            mlp_ratios=mlp_ratios,
+            sr_ratios=sr_ratios,
+            img_size=cfg.img_size,
+            drop_path=drop_path,
+        )
+
     return build
 
 

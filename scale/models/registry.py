@@ -1,14 +1,14 @@
 """Backbones by name: `register(name)` decorates a factory `(model_cfg, drop_path) -> nn.Module`."""
 
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Callable, Dict, List, Optional, Union
 
 import torch
 from torch import nn
 
 from scale.errors import UserError
 
-_FACTORIES: Dict[str, Callable] = {}
+_FACTORIES: dict[str, Callable] = {}
 
 
 def register(name: str) -> Callable:
@@ -17,15 +17,15 @@ def register(name: str) -> Callable:
             raise ValueError(f"backbone '{name}' registered twice")
         _FACTORIES[name] = factory
         return factory
+
     return decorate
 
 
-def available() -> List[str]:
+def available() -> list[str]:
     return sorted(_FACTORIES)
 
 
-def build_backbone(model_cfg, *, drop_path: Optional[float] = None,
-                   device: Union[str, torch.device, None] = None) -> nn.Module:
+def build_backbone(model_cfg, *, drop_path: float | None = None, device: str | torch.device | None = None) -> nn.Module:
     """Build `model_cfg.name`. `drop_path` overrides the recipe (teachers use 0.0); `device="meta"` allocates
     nothing (initialise after materialising with `scale.models.init_weights`)."""
     factory = _FACTORIES.get(model_cfg.name)

@@ -12,25 +12,28 @@ backbone applies to shrunk windows. Index tensors and masks are derived per inpu
 buffers, so a model built on the meta device is complete after `to_empty` + `init_weights`.
 """
 
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from timm.layers import DropPath, Mlp, trunc_normal_, use_fused_attn
+from torch import nn
 
 from scale.errors import UserError
 
-Grid = Tuple[int, int]
+Grid = tuple[int, int]
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], fused: bool,
-           scale: float) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, fused: bool, scale: float
+) -> torch.Tensor:
     """softmax(q k^T * scale + bias) v over the last two dims; the fused kernel when `fused` (the math path
     otherwise, which FLOP counting needs)."""
     if fused:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
-                                              scale=scale)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if bias is None else bias.to(q.dtype), scale=scale
+        )
     logits = (q * scale) @ k.transpose(-2, -1)
     if bias is not None:
         logits = logits + bias
@@ -56,8 +59,10 @@ def lookup_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def check_grid(grid: Grid, table_grid: Grid, what: str) -> None:
     if grid[0] > table_grid[0] or grid[1] > table_grid[1]:
-        raise UserError(f"{what}: a {grid[0]}x{grid[1]} feature map exceeds the {table_grid[0]}x{table_grid[1]} map "
-                        f"its relative position bias covers; raise model.img_size to the largest input size")
+        raise UserError(
+            f"{what}: a {grid[0]}x{grid[1]} feature map exceeds the {table_grid[0]}x{table_grid[1]} map "
+            f"its relative position bias covers; raise model.img_size to the largest input size"
+        )
 
 
 class GeometryCache(nn.Module):
@@ -66,7 +71,7 @@ class GeometryCache(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.geometry_cache: Dict = {}
+        self.geometry_cache: dict = {}
 
     def cached(self, key, build):
         if key not in self.geometry_cache:
@@ -86,8 +91,16 @@ class MapAttention(GeometryCache):
     (reduced) cell. Prefix tokens: ViL's three learned biases (prefix->prefix per pair, prefix->grid and
     grid->prefix per head and prefix token)."""
 
-    def __init__(self, dim: int, num_heads: int, table_grid: Grid, sr: int = 1, prefix: int = 0,
-                 qkv_bias: bool = True, eps: float = 1e-5):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        table_grid: Grid,
+        sr: int = 1,
+        prefix: int = 0,
+        qkv_bias: bool = True,
+        eps: float = 1e-5,
+    ):
         super().__init__()
         self.num_heads, self.head_dim, self.scale = num_heads, dim // num_heads, (dim // num_heads) ** -0.5
         self.table_grid, self.sr, self.prefix = tuple(table_grid), sr, prefix
@@ -98,7 +111,8 @@ class MapAttention(GeometryCache):
             self.sr_conv = nn.Conv2d(dim, dim, kernel_size=sr, stride=sr)
             self.sr_norm = nn.LayerNorm(dim, eps=eps)
         self.relative_position_bias_table = nn.Parameter(
-            torch.zeros((2 * table_grid[0] - 1) * (2 * table_grid[1] - 1), num_heads))
+            torch.zeros((2 * table_grid[0] - 1) * (2 * table_grid[1] - 1), num_heads)
+        )
         if prefix:
             self.g2l_relative_position_bias = nn.Parameter(torch.zeros(2, num_heads, prefix))
             self.g2g_relative_position_bias = nn.Parameter(torch.zeros(num_heads, prefix, prefix))
@@ -108,6 +122,7 @@ class MapAttention(GeometryCache):
         def build():
             radius = (self.table_grid[0] - 1, self.table_grid[1] - 1)
             return offset_index(grid_coords(*grid, device), grid_coords(*reduced, device, stride=self.sr), radius)
+
         return self.cached((grid, reduced, device), build)
 
     def bias(self, grid: Grid, reduced: Grid, device) -> torch.Tensor:
@@ -129,10 +144,10 @@ class MapAttention(GeometryCache):
         q = self.q(x).reshape(batch, tokens, heads, head_dim).transpose(1, 2)
         source, reduced = x, grid
         if self.sr > 1:
-            fmap = x[:, self.prefix:].transpose(1, 2).reshape(batch, dim, *grid)
+            fmap = x[:, self.prefix :].transpose(1, 2).reshape(batch, dim, *grid)
             fmap = self.sr_conv(fmap)
             reduced = (int(fmap.shape[-2]), int(fmap.shape[-1]))
-            source = torch.cat([x[:, :self.prefix], self.sr_norm(fmap.flatten(2).transpose(1, 2))], dim=1)
+            source = torch.cat([x[:, : self.prefix], self.sr_norm(fmap.flatten(2).transpose(1, 2))], dim=1)
         k, v = self.kv(source).reshape(batch, -1, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
         out = attend(q, k, v, self.bias(grid, reduced, x.device)[None], self.fused_attn, self.scale)
         return self.proj(out.transpose(1, 2).reshape(batch, tokens, dim))
@@ -158,15 +173,16 @@ class ConvEmbed(nn.Module):
     """Feature map [B, C, H, W] -> a strided convolution, LayerNorm over channels, optional learned prefix tokens
     (CvT's convolutional token embedding; ViL's and PvT's patch embedding with kernel = stride)."""
 
-    def __init__(self, in_dim: int, dim: int, kernel: int, stride: int, padding: int = 0, prefix: int = 0,
-                 eps: float = 1e-5):
+    def __init__(
+        self, in_dim: int, dim: int, kernel: int, stride: int, padding: int = 0, prefix: int = 0, eps: float = 1e-5
+    ):
         super().__init__()
         self.proj = nn.Conv2d(in_dim, dim, kernel_size=kernel, stride=stride, padding=padding)
         self.norm = nn.LayerNorm(dim, eps=eps)
         self.prefix_tokens = nn.Parameter(torch.zeros(1, prefix, dim)) if prefix else None
         self.stride = stride
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Grid]:
         x = self.proj(x)
         grid = (int(x.shape[-2]), int(x.shape[-1]))
         x = self.norm(x.flatten(2).transpose(1, 2))
@@ -185,18 +201,20 @@ class Stage(nn.Module):
 
 class StagePlan(NamedTuple):
     """What one stage of PvT or ViL (patch embeddings with kernel = stride) is built from."""
+
     in_dim: int
     dim: int
     patch: int  # kernel and stride of its embedding
     table_grid: Grid  # its map at model.img_size, which its relative position bias tables cover
-    rates: List[float]  # drop-path rates of its blocks
+    rates: list[float]  # drop-path rates of its blocks
 
 
-def plan_stages(img_size: int, dims: Sequence[int], depths: Sequence[int], patches: Sequence[int], drop_path: float,
-                family: str) -> List[StagePlan]:
+def plan_stages(
+    img_size: int, dims: Sequence[int], depths: Sequence[int], patches: Sequence[int], drop_path: float, family: str
+) -> list[StagePlan]:
     """The stages of widths `dims` behind embeddings of stride `patches`, the first on RGB; `img_size` must be a
     multiple of the total stride."""
-    check_img_size(img_size, patches[:len(dims)], family)
+    check_img_size(img_size, patches[: len(dims)], family)
     plans, in_dim, stride = [], 3, 1
     for dim, patch, rates in zip(dims, patches, stochastic_depth(drop_path, depths)):
         stride *= patch
@@ -205,10 +223,10 @@ def plan_stages(img_size: int, dims: Sequence[int], depths: Sequence[int], patch
     return plans
 
 
-def stochastic_depth(rate: float, depths: Sequence[int]) -> List[List[float]]:
+def stochastic_depth(rate: float, depths: Sequence[int]) -> list[list[float]]:
     """Per stage, the drop-path rates of its blocks: linear from 0 to `rate` over all blocks."""
     rates = torch.linspace(0, rate, sum(depths), device="cpu").tolist()
-    return [rates[sum(depths[:i]):sum(depths[:i + 1])] for i in range(len(depths))]
+    return [rates[sum(depths[:i]) : sum(depths[: i + 1])] for i in range(len(depths))]
 
 
 def check_fixed_options(cfg, family: str, patch: int) -> None:
@@ -216,8 +234,9 @@ def check_fixed_options(cfg, family: str, patch: int) -> None:
     if cfg.num_heads is not None:
         raise UserError(f"model.num_heads: {cfg.name} ({family}) fixes the heads per stage; leave it unset")
     if cfg.patch_size not in (None, patch):
-        raise UserError(f"model.patch_size: {cfg.name} ({family}) embeds with stride {patch}; got {cfg.patch_size} "
-                        f"(leave it unset)")
+        raise UserError(
+            f"model.patch_size: {cfg.name} ({family}) embeds with stride {patch}; got {cfg.patch_size} (leave it unset)"
+        )
 
 
 def check_img_size(img_size: int, patches: Sequence[int], family: str) -> None:
@@ -262,24 +281,23 @@ class StagedBackbone(nn.Module):
                     kept.append((stage_index, x))
         return x, grid, kept
 
-    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         x, grid, _ = self._run(x)
         prefix = self.stages[-1].prefix
         x = self.norm(x)
         return {"pooled": self._pool(x, prefix), "tokens": x[:, prefix:], "grid": grid}
 
-    def block_modules(self) -> List[nn.Module]:
+    def block_modules(self) -> list[nn.Module]:
         return [block for stage in self.stages for block in stage.blocks]
 
-    def forward_last_blocks(self, x: torch.Tensor, n: int) -> List[torch.Tensor]:
+    def forward_last_blocks(self, x: torch.Tensor, n: int) -> list[torch.Tensor]:
         """Pooled outputs of the last n blocks; only last-stage blocks get the final norm (EsViT's linear probe)."""
         total = len(self.block_modules())
         if not 1 <= n <= total:
             raise UserError(f"linear probe: n_last_blocks {n} must be between 1 and the model's {total} blocks")
         _, _, kept = self._run(x, keep_blocks=n)
         last = len(self.stages) - 1
-        return [self._pool(self.norm(out) if stage == last else out, self.stages[stage].prefix)
-                for stage, out in kept]
+        return [self._pool(self.norm(out) if stage == last else out, self.stages[stage].prefix) for stage, out in kept]
 
     def init_weights(self) -> None:
         """Default init of every layer, then trunc-normal(0.02) Linear weights, zero biases, unit norms and

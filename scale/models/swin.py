@@ -12,12 +12,11 @@ At 224 px the outputs are timm's (= Swin's) unchanged.
 """
 
 import math
-from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, window_partition, window_reverse
+from torch import nn
 
 from scale.errors import UserError
 from scale.models.registry import register
@@ -32,23 +31,25 @@ SIZES = {
 MASKED = -100.0  # Swin's value for masked attention logits
 
 
-def window_and_shift(size: Tuple[int, int], table_window: Tuple[int, int], shifted: bool):
+def window_and_shift(size: tuple[int, int], table_window: tuple[int, int], shifted: bool):
     """Per axis: window = min(map, table window); shift = half the window unless the map fits in one window."""
     window = tuple(min(s, w) for s, w in zip(size, table_window))
     shift = tuple(w // 2 if shifted and s > w else 0 for s, w in zip(size, window))
     return window, shift
 
 
-def relative_position_index(window: Tuple[int, int], table_window: Tuple[int, int], device=None) -> torch.Tensor:
+def relative_position_index(window: tuple[int, int], table_window: tuple[int, int], device=None) -> torch.Tensor:
     """[N, N] indices into a (2T_h-1)(2T_w-1) bias table for the token pairs of a (smaller or equal) window."""
-    coords = torch.stack(torch.meshgrid(torch.arange(window[0], device=device),
-                                        torch.arange(window[1], device=device), indexing="ij")).flatten(1)
+    coords = torch.stack(
+        torch.meshgrid(torch.arange(window[0], device=device), torch.arange(window[1], device=device), indexing="ij")
+    ).flatten(1)
     rel = coords[:, :, None] - coords[:, None, :]
     return (rel[0] + table_window[0] - 1) * (2 * table_window[1] - 1) + rel[1] + table_window[1] - 1
 
 
-def shifted_window_mask(size: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int, int],
-                        device=None) -> Optional[torch.Tensor]:
+def shifted_window_mask(
+    size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device=None
+) -> torch.Tensor | None:
     """[num_windows, N, N] additive mask (0 / -100) for a map rolled by -shift and padded to whole windows.
 
     Per axis a token is original (0), wrapped around by the roll (1) or padding (2); tokens of a window attend
@@ -59,7 +60,7 @@ def shifted_window_mask(size: Tuple[int, int], window: Tuple[int, int], shift: T
     for length, win, sh in zip(size, window, shift):
         padded = math.ceil(length / win) * win
         kind = torch.zeros(padded, dtype=torch.long, device=device)
-        kind[length - sh:length] = 1
+        kind[length - sh : length] = 1
         kind[length:] = 2
         labels.append(kind)
     region = (labels[0][:, None] * 3 + labels[1][None, :]).float()
@@ -68,8 +69,9 @@ def shifted_window_mask(size: Tuple[int, int], window: Tuple[int, int], shift: T
     return mask.masked_fill(mask != 0, MASKED)
 
 
-def window_attention(attn: nn.Module, x: torch.Tensor, rel_index: torch.Tensor,
-                     mask: Optional[torch.Tensor]) -> torch.Tensor:
+def window_attention(
+    attn: nn.Module, x: torch.Tensor, rel_index: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
     """timm's WindowAttention.forward with the bias gathered through `rel_index` (the window may be shrunk)."""
     windows, tokens, channels = x.shape
     heads = attn.num_heads
@@ -81,8 +83,9 @@ def window_attention(attn: nn.Module, x: torch.Tensor, rel_index: torch.Tensor,
             per_image = mask.shape[0]
             mask = mask.view(1, per_image, 1, tokens, tokens).expand(windows // per_image, -1, heads, -1, -1)
             bias = bias + mask.reshape(-1, heads, tokens, tokens)
-        x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
-                                           dropout_p=attn.attn_drop.p if attn.training else 0.0)
+        x = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias, dropout_p=attn.attn_drop.p if attn.training else 0.0
+        )
     else:
         logits = (q * attn.scale) @ k.transpose(-2, -1) + bias
         if mask is not None:
@@ -104,14 +107,18 @@ class SizeAdaptiveSwinBlock(SwinTransformerBlock):
         block.geometry_cache = {}
         return block
 
-    def geometry(self, size: Tuple[int, int], device: torch.device, dtype: torch.dtype):
+    def geometry(self, size: tuple[int, int], device: torch.device, dtype: torch.dtype):
         key = (size, device, dtype)
         if key not in self.geometry_cache:
             table_window = self.attn.window_size
             window, shift = window_and_shift(size, table_window, shifted=any(self.target_shift_size))
             mask = shifted_window_mask(size, window, shift, device=device)
-            self.geometry_cache[key] = (window, shift, relative_position_index(window, table_window, device),
-                                        None if mask is None else mask.to(dtype))
+            self.geometry_cache[key] = (
+                window,
+                shift,
+                relative_position_index(window, table_window, device),
+                None if mask is None else mask.to(dtype),
+            )
         return self.geometry_cache[key]
 
     def _attn(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,8 +130,7 @@ class SizeAdaptiveSwinBlock(SwinTransformerBlock):
         x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
         windows = window_partition(x, window).reshape(-1, window[0] * window[1], channels)
         windows = window_attention(self.attn, windows, rel_index, mask)
-        x = window_reverse(windows.reshape(-1, window[0], window[1], channels), window,
-                           height + pad_h, width + pad_w)
+        x = window_reverse(windows.reshape(-1, window[0], window[1], channels), window, height + pad_h, width + pad_w)
         x = x[:, :height, :width, :].contiguous()
         if any(shift):
             x = torch.roll(x, shifts=shift, dims=(1, 2))
@@ -132,14 +138,25 @@ class SizeAdaptiveSwinBlock(SwinTransformerBlock):
 
 
 class Swin(SwinTransformer):
-    def __init__(self, *, embed_dim: int, depths, num_heads, window_sizes, patch_size: int, img_size: int,
-                 drop_path: float):
+    def __init__(
+        self, *, embed_dim: int, depths, num_heads, window_sizes, patch_size: int, img_size: int, drop_path: float
+    ):
         if img_size % (patch_size * 2 ** (len(depths) - 1)):
-            raise UserError(f"model.img_size {img_size} must be a multiple of {patch_size * 2 ** (len(depths) - 1)}"
-                            f" for a {len(depths)}-stage Swin with model.patch_size {patch_size}")
-        super().__init__(img_size=img_size, patch_size=patch_size, num_classes=0, embed_dim=embed_dim,
-                         depths=depths, num_heads=num_heads, window_size=window_sizes, strict_img_size=False,
-                         drop_path_rate=drop_path)
+            raise UserError(
+                f"model.img_size {img_size} must be a multiple of {patch_size * 2 ** (len(depths) - 1)}"
+                f" for a {len(depths)}-stage Swin with model.patch_size {patch_size}"
+            )
+        super().__init__(
+            img_size=img_size,
+            patch_size=patch_size,
+            num_classes=0,
+            embed_dim=embed_dim,
+            depths=depths,
+            num_heads=num_heads,
+            window_size=window_sizes,
+            strict_img_size=False,
+            drop_path_rate=drop_path,
+        )
         for block in self.block_modules():
             SizeAdaptiveSwinBlock.adapt(block)
         self.embed_dim = self.token_dim = self.num_features
@@ -154,16 +171,16 @@ class Swin(SwinTransformer):
             if isinstance(module, SizeAdaptiveSwinBlock):
                 module.geometry_cache.clear()
 
-    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         x = self.norm(self.layers(self.patch_embed(x)))
         batch, height, width, channels = x.shape
         tokens = x.reshape(batch, height * width, channels)
         return {"pooled": tokens.mean(dim=1), "tokens": tokens, "grid": (int(height), int(width))}
 
-    def block_modules(self) -> List[nn.Module]:
+    def block_modules(self) -> list[nn.Module]:
         return [block for stage in self.layers for block in stage.blocks]
 
-    def forward_last_blocks(self, x: torch.Tensor, n: int) -> List[torch.Tensor]:
+    def forward_last_blocks(self, x: torch.Tensor, n: int) -> list[torch.Tensor]:
         """Average-pooled outputs of the last n blocks; only last-stage blocks get the final norm (EsViT)."""
         total = len(self.block_modules())
         if not 1 <= n <= total:
@@ -179,7 +196,7 @@ class Swin(SwinTransformer):
         return [out.flatten(1, 2).mean(dim=1) for out in outputs[-n:]]
 
 
-def stage_windows(window_size: int, stages: int) -> Tuple[int, ...]:
+def stage_windows(window_size: int, stages: int) -> tuple[int, ...]:
     """EsViT's W14 models: the window in every stage but the last, which keeps 7 (its whole 7x7 map at 224)."""
     if window_size < 1:
         raise UserError(f"model.window_size must be positive, got {window_size}")
@@ -192,9 +209,16 @@ def _swin_factory(size: str):
     def build(cfg, drop_path: float) -> Swin:
         if cfg.num_heads is not None:
             raise UserError(f"model.num_heads: Swin ({cfg.name}) has per-stage heads {heads}; leave it unset")
-        return Swin(embed_dim=embed_dim, depths=depths, num_heads=heads,
-                    window_sizes=stage_windows(cfg.window_size, len(depths)), patch_size=cfg.patch_size or 4,
-                    img_size=cfg.img_size, drop_path=drop_path)
+        return Swin(
+            embed_dim=embed_dim,
+            depths=depths,
+            num_heads=heads,
+            window_sizes=stage_windows(cfg.window_size, len(depths)),
+            patch_size=cfg.patch_size or 4,
+            img_size=cfg.img_size,
+            drop_path=drop_path,
+        )
+
     return build
 
 

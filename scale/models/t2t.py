@@ -12,11 +12,10 @@ no qkv bias, final LayerNorm. "pooled" is the class token, "tokens" the 14x14 pa
 """
 
 import math
-from typing import Dict, List, Tuple
 
 import torch
-from torch import nn
 from timm.models.vision_transformer import Block
+from torch import nn
 
 from scale.errors import UserError
 from scale.models.pos_embed import resize_grid_embed
@@ -44,13 +43,14 @@ class TokenPerformer(nn.Module):
 
     def _phi(self, x: torch.Tensor) -> torch.Tensor:
         """Positive random features exp(w^T x - |x|^2 / 2) / sqrt(m), [B, T, m]."""
-        return torch.exp(x.float() @ self.w.t() - x.float().square().sum(-1, keepdim=True) / 2) \
-            / math.sqrt(self.features)
+        return torch.exp(x.float() @ self.w.t() - x.float().square().sum(-1, keepdim=True) / 2) / math.sqrt(
+            self.features
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, q, v = self.kqv(self.norm1(x)).split(self.emb, dim=-1)
         kp, qp = self._phi(k), self._phi(q)
-        normaliser = (qp @ kp.sum(dim=1, keepdim=True).transpose(1, 2))  # [B, T, 1]
+        normaliser = qp @ kp.sum(dim=1, keepdim=True).transpose(1, 2)  # [B, T, 1]
         y = (qp @ (kp.transpose(1, 2) @ v.float())) / (normaliser + self.eps)
         x = v + self.proj(y.to(v.dtype))
         return x + self.mlp(self.norm2(x))
@@ -65,20 +65,31 @@ def sinusoid_table(positions: int, dim: int, device=None) -> torch.Tensor:
 
 
 class T2TViT(nn.Module):
-    def __init__(self, *, embed_dim: int, depth: int, num_heads: int, mlp_ratio: float, token_dim: int,
-                 img_size: int, drop_path: float):
+    def __init__(
+        self,
+        *,
+        embed_dim: int,
+        depth: int,
+        num_heads: int,
+        mlp_ratio: float,
+        token_dim: int,
+        img_size: int,
+        drop_path: float,
+    ):
         super().__init__()
         if img_size % STRIDE:
             raise UserError(f"model.img_size {img_size} must be a multiple of {STRIDE} for T2T-ViT")
         self.splits = nn.ModuleList(nn.Unfold(kernel_size=k, stride=s, padding=p) for k, s, p in SPLITS)
-        self.token_layers = nn.ModuleList([TokenPerformer(3 * 7 * 7, token_dim),
-                                           TokenPerformer(token_dim * 3 * 3, token_dim)])
+        self.token_layers = nn.ModuleList(
+            [TokenPerformer(3 * 7 * 7, token_dim), TokenPerformer(token_dim * 3 * 3, token_dim)]
+        )
         self.project = nn.Linear(token_dim * 3 * 3, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.grid_size = (img_size // STRIDE, img_size // STRIDE)
         rates = torch.linspace(0, drop_path, depth, device="cpu").tolist()
-        self.blocks = nn.ModuleList(Block(embed_dim, num_heads, mlp_ratio, qkv_bias=False, drop_path=rate)
-                                    for rate in rates)
+        self.blocks = nn.ModuleList(
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias=False, drop_path=rate) for rate in rates
+        )
         self.norm = nn.LayerNorm(embed_dim)
         self.embed_dim = self.token_dim = embed_dim
         self.num_prefix_tokens = 1
@@ -91,7 +102,7 @@ class T2TViT(nn.Module):
         for layer in self.token_layers:
             layer.draw_features()
 
-    def _tokens_to_token(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+    def _tokens_to_token(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         size = (int(x.shape[-2]), int(x.shape[-1]))
         for index, split in enumerate(self.splits):
             kernel, stride, padding = SPLITS[index]
@@ -102,28 +113,29 @@ class T2TViT(nn.Module):
                 x = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *size)  # re-structurization
         return self.project(x), size
 
-    def _embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+    def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         x, grid = self._tokens_to_token(x)
         table = sinusoid_table(1 + self.grid_size[0] * self.grid_size[1], x.shape[-1], x.device).to(x.dtype)
         patches = x + resize_grid_embed(table[:, 1:], self.grid_size, grid)
         cls = self.cls_token.expand(x.shape[0], -1, -1) + table[:, :1]
         return torch.cat([cls, patches], dim=1), grid
 
-    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         x, grid = self._embed(x)
         for block in self.blocks:
             x = block(x)
         x = self.norm(x)
         return {"pooled": x[:, 0], "tokens": x[:, 1:], "grid": grid}
 
-    def block_modules(self) -> List[nn.Module]:
+    def block_modules(self) -> list[nn.Module]:
         return list(self.blocks)
 
-    def forward_last_blocks(self, x: torch.Tensor, n: int) -> List[torch.Tensor]:
+    def forward_last_blocks(self, x: torch.Tensor, n: int) -> list[torch.Tensor]:
         """Normed class tokens of the last n blocks (DINO's linear probe on ViTs)."""
         if not 1 <= n <= len(self.blocks):
-            raise UserError(f"linear probe: n_last_blocks {n} must be between 1 and the model's "
-                            f"{len(self.blocks)} blocks")
+            raise UserError(
+                f"linear probe: n_last_blocks {n} must be between 1 and the model's {len(self.blocks)} blocks"
+            )
         x, _ = self._embed(x)
         outputs = []
         for index, block in enumerate(self.blocks):
@@ -145,8 +157,16 @@ def _t2t_factory(size: str):
 
     def build(cfg, drop_path: float) -> T2TViT:
         check_fixed_options(cfg, "T2T-ViT", STRIDE)
-        return T2TViT(embed_dim=embed_dim, depth=depth, num_heads=heads, mlp_ratio=mlp_ratio, token_dim=token_dim,
-                      img_size=cfg.img_size, drop_path=drop_path)
+        return T2TViT(
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=heads,
+            mlp_ratio=mlp_ratio,
+            token_dim=token_dim,
+            img_size=cfg.img_size,
+            drop_path=drop_path,
+        )
+
     return build
 
 

@@ -1,7 +1,6 @@
 """`scale models table`: parameters, multiply-adds and tokens of backbones, counted on the meta device."""
 
 from dataclasses import replace
-from typing import Dict, List, Optional
 
 import torch
 
@@ -13,9 +12,23 @@ from scale.models.registry import build_backbone
 
 # the four papers' backbones: name[/patch][/wWINDOW][/hHEADS]
 PAPER_MODELS = [
-    "vit_small/16", "vit_small/16/h12", "vit_small/8", "vit_base/16", "vit_base/8", "vit_large/16", "vit_huge/14",
-    "vit_large/7", "vit_bn_large/7", "vit_bn_huge/14", "swin_tiny", "swin_small", "swin_base", "swin_tiny/w14",
-    "swin_small/w14", "swin_base/w14", "resnet50",
+    "vit_small/16",
+    "vit_small/16/h12",
+    "vit_small/8",
+    "vit_base/16",
+    "vit_base/8",
+    "vit_large/16",
+    "vit_huge/14",
+    "vit_large/7",
+    "vit_bn_large/7",
+    "vit_bn_huge/14",
+    "swin_tiny",
+    "swin_small",
+    "swin_base",
+    "swin_tiny/w14",
+    "swin_small/w14",
+    "swin_base/w14",
+    "resnet50",
 ]
 GLOBAL_PX = 224
 
@@ -25,8 +38,13 @@ def parse_spec(spec: str) -> ModelConfig:
     name, *parts = spec.strip().split("/")
     cfg = ModelConfig(name=name)
     for part in parts:
-        key, digits = ("window_size", part[1:]) if part[:1] == "w" else \
-            ("num_heads", part[1:]) if part[:1] == "h" else ("patch_size", part)
+        key, digits = (
+            ("window_size", part[1:])
+            if part[:1] == "w"
+            else ("num_heads", part[1:])
+            if part[:1] == "h"
+            else ("patch_size", part)
+        )
         if not digits.isdigit():
             raise UserError(f"--models: cannot read '{part}' in '{spec}' (use name/PATCH, name/wWINDOW, name/hHEADS)")
         cfg = replace(cfg, **{key: int(digits)})
@@ -48,7 +66,7 @@ def spec_of(cfg) -> str:
     return spec + (f" ({', '.join(extras)})" if extras else "")
 
 
-def describe(cfg) -> Dict:
+def describe(cfg) -> dict:
     """One row: counts of the backbone alone (no heads) at 224 px and at the local-crop size (96, or 98 for /7, /14)."""
     model = build_backbone(cfg, device="meta")
     patch = model.patch_embed.patch_size[0] if hasattr(model, "patch_embed") else 1
@@ -64,15 +82,24 @@ def describe(cfg) -> Dict:
 
 def _key(cfg) -> tuple:
     """The options that change a backbone's counts (not drop_path, init or freezing)."""
-    return (cfg.name, cfg.patch_size, cfg.num_heads, cfg.window_size, cfg.img_size, cfg.pos_embed, cfg.pooling,
-            cfg.final_norm, cfg.bn_mlp)
+    return (
+        cfg.name,
+        cfg.patch_size,
+        cfg.num_heads,
+        cfg.window_size,
+        cfg.img_size,
+        cfg.pos_embed,
+        cfg.pooling,
+        cfg.final_norm,
+        cfg.bn_mlp,
+    )
 
 
-def table(specs: Optional[List[str]] = None) -> List[Dict]:
+def table(specs: list[str] | None = None) -> list[dict]:
     """Rows for `specs`, or for the paper models plus every model a recipe uses (with the recipes' names)."""
     if specs:
         return [describe(parse_spec(s)) for s in specs]
-    entries: Dict[tuple, tuple] = {}
+    entries: dict[tuple, tuple] = {}
     for spec in PAPER_MODELS:
         cfg = parse_spec(spec)
         entries[_key(cfg)] = (cfg, [])

@@ -13,16 +13,27 @@ VIL_MODE_SWITCH) is not implemented: all 8 neighbours are always used (its evalu
 dropped between stages; stage 4 has none, so the pooled feature is the mean of its grid.
 """
 
-from typing import Tuple
-
 import torch
 import torch.nn.functional as F
-from torch import nn
 from timm.layers import use_fused_attn
+from torch import nn
 
 from scale.models.registry import register
-from scale.models.staged import (Block, ConvEmbed, GeometryCache, Grid, MapAttention, Stage, StagedBackbone, attend,
-                                 check_fixed_options, grid_coords, lookup_bias, offset_index, plan_stages)
+from scale.models.staged import (
+    Block,
+    ConvEmbed,
+    GeometryCache,
+    Grid,
+    MapAttention,
+    Stage,
+    StagedBackbone,
+    attend,
+    check_fixed_options,
+    grid_coords,
+    lookup_bias,
+    offset_index,
+    plan_stages,
+)
 from scale.models.swin import MASKED
 
 EPS = 1e-6
@@ -44,8 +55,9 @@ class LongformerAttention(GeometryCache):
             self.g2g_relative_position_bias = nn.Parameter(torch.zeros(num_heads, prefix, prefix))
         self.fused_attn = use_fused_attn()
 
-    def _geometry(self, grid: Grid, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _geometry(self, grid: Grid, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Local-to-local bias index [W^2, 9W^2] and key mask [chunks, 1, 9W^2] (0 / MASKED) for this grid."""
+
         def build():
             w = self.window
             queries = grid_coords(w, w, device)
@@ -56,9 +68,10 @@ class LongformerAttention(GeometryCache):
             real = F.unfold(real, kernel_size=3 * w, stride=w)[0].transpose(0, 1)  # [chunks, 9W^2]
             mask = torch.zeros(real.shape, device=device, dtype=dtype).masked_fill(real == 0, MASKED)
             return index, mask[:, None, :]
+
         return self.cached((grid, device, dtype), build)
 
-    def _padding(self, grid: Grid) -> Tuple[int, int, int, int]:
+    def _padding(self, grid: Grid) -> tuple[int, int, int, int]:
         """F.pad amounts (left, right, top, bottom): the map padded to whole windows, plus one window around."""
         w = self.window
         return (w, w + (-grid[1]) % w, w, w + (-grid[0]) % w)
@@ -93,7 +106,7 @@ class LongformerAttention(GeometryCache):
             bias = torch.cat([to_global, bias], dim=3)
         out = attend(q_local, local_keys, local_values, bias[None], self.fused_attn, self.scale)
         out = out.permute(0, 1, 4, 3, 2).reshape(batch * heads, head_dim * w * w, chunks)
-        out = F.fold(out, output_size=padded, kernel_size=w, stride=w)[:, :, :grid[0], :grid[1]]
+        out = F.fold(out, output_size=padded, kernel_size=w, stride=w)[:, :, : grid[0], : grid[1]]
         out = out.reshape(batch, heads, head_dim, grid[0] * grid[1]).permute(0, 3, 1, 2).reshape(batch, -1, dim)
         if prefix:
             g2l = self.g2l_relative_position_bias[0][:, :, None].expand(-1, -1, tokens - prefix)
@@ -118,10 +131,11 @@ class ViL(StagedBackbone):
         plans = plan_stages(img_size, dims, depths, PATCHES, drop_path, "ViL")
         for (in_dim, dim, patch, table, rates), num_heads, prefix, local in zip(plans, heads, globals_, sparse):
 
-            def attention():
+            def attention(dim=dim, num_heads=num_heads, table=table, prefix=prefix, local=local):
                 if local:
                     return LongformerAttention(dim, num_heads, window, prefix)
                 return MapAttention(dim, num_heads, table, prefix=prefix, eps=EPS)
+
             blocks = [Block(dim, attention(), 4.0, rate, eps=EPS) for rate in rates]
             stages.append(Stage(ConvEmbed(in_dim, dim, patch, patch, prefix=prefix, eps=EPS), blocks, prefix))
         super().__init__(stages, eps=EPS)
@@ -133,8 +147,17 @@ def _vil_factory(size: str):
 
     def build(cfg, drop_path: float) -> ViL:
         check_fixed_options(cfg, "ViL", PATCHES[0])
-        return ViL(dims=dims, depths=depths, heads=heads, globals_=globals_, sparse=sparse, window=cfg.window_size,
-                   img_size=cfg.img_size, drop_path=drop_path)
+        return ViL(
+            dims=dims,
+            depths=depths,
+            heads=heads,
+            globals_=globals_,
+            sparse=sparse,
+            window=cfg.window_size,
+            img_size=cfg.img_size,
+            drop_path=drop_path,
+        )
+
     return build
 
 

@@ -6,11 +6,10 @@
 """
 
 import math
-from typing import Dict, List, Tuple
 
 import torch
-from torch import nn
 from timm.models.vision_transformer import Block, VisionTransformer
+from torch import nn
 
 from scale.errors import UserError
 from scale.models.pos_embed import resize_grid_embed, sincos_2d
@@ -50,20 +49,45 @@ class BNMlpBlock(Block):
 
 
 class ViT(VisionTransformer):
-    def __init__(self, *, embed_dim: int, depth: int, num_heads: int, patch_size: int, img_size: int,
-                 drop_path: float, pos_embed: str = "learned", frozen_patch_embed: bool = False,
-                 pooling: str = "cls", final_norm: bool = True, bn_mlp: bool = False, weight_init: str = ""):
+    def __init__(
+        self,
+        *,
+        embed_dim: int,
+        depth: int,
+        num_heads: int,
+        patch_size: int,
+        img_size: int,
+        drop_path: float,
+        pos_embed: str = "learned",
+        frozen_patch_embed: bool = False,
+        pooling: str = "cls",
+        final_norm: bool = True,
+        bn_mlp: bool = False,
+        weight_init: str = "",
+    ):
         _check_choice("model.pos_embed", pos_embed, POS_EMBEDS)
         _check_choice("model.pooling", pooling, POOLINGS)
         _check_choice("model.weight_init", weight_init, INIT_MODES)
         if img_size % patch_size:
             raise UserError(f"model.img_size {img_size} is not a multiple of model.patch_size {patch_size}")
         super().__init__(
-            img_size=img_size, patch_size=patch_size, num_classes=0, global_pool="", embed_dim=embed_dim,
-            depth=depth, num_heads=num_heads, qkv_bias=True, class_token=pooling == "cls",
-            pos_embed="learn" if pos_embed == "learned" else "none", final_norm=final_norm, fc_norm=False,
-            dynamic_img_size=True, drop_path_rate=drop_path, block_fn=BNMlpBlock if bn_mlp else Block,
-            weight_init="skip")
+            img_size=img_size,
+            patch_size=patch_size,
+            num_classes=0,
+            global_pool="",
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            qkv_bias=True,
+            class_token=pooling == "cls",
+            pos_embed="learn" if pos_embed == "learned" else "none",
+            final_norm=final_norm,
+            fc_norm=False,
+            dynamic_img_size=True,
+            drop_path_rate=drop_path,
+            block_fn=BNMlpBlock if bn_mlp else Block,
+            weight_init="skip",
+        )
         self.pos_embed_kind = pos_embed
         self.frozen_patch_embed = frozen_patch_embed
         self.weight_init_mode = weight_init  # timm's own init() reads it; "skip" above only deferred the init
@@ -92,7 +116,7 @@ class ViT(VisionTransformer):
         if self.pos_embed_kind == "sincos":
             x = x + sincos_2d(h, w, dim, device=x.device).to(x.dtype)
         elif self.pos_embed is not None:
-            grid = self.pos_embed[:, self.num_prefix_tokens:]
+            grid = self.pos_embed[:, self.num_prefix_tokens :]
             x = x + resize_grid_embed(grid, self.patch_embed.grid_size, (h, w))
         if self.cls_token is not None:
             cls = self.cls_token.expand(batch, -1, -1)
@@ -101,26 +125,26 @@ class ViT(VisionTransformer):
             x = torch.cat([cls, x], dim=1)
         return self.pos_drop(x)
 
-    def _embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+    def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         x = self.patch_embed(x)
         grid = (int(x.shape[1]), int(x.shape[2]))
         x = self.norm_pre(self.patch_drop(self._pos_embed(x)))
         return x, grid
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
-        return x[:, 0] if self.has_class_token else x[:, self.num_prefix_tokens:].mean(dim=1)
+        return x[:, 0] if self.has_class_token else x[:, self.num_prefix_tokens :].mean(dim=1)
 
-    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         x, grid = self._embed(x)
         for block in self.blocks:
             x = block(x)
         x = self.norm(x)
-        return {"pooled": self._pool(x), "tokens": x[:, self.num_prefix_tokens:], "grid": grid}
+        return {"pooled": self._pool(x), "tokens": x[:, self.num_prefix_tokens :], "grid": grid}
 
-    def block_modules(self) -> List[nn.Module]:
+    def block_modules(self) -> list[nn.Module]:
         return list(self.blocks)
 
-    def forward_last_blocks(self, x: torch.Tensor, n: int, avgpool: bool = False) -> List[torch.Tensor]:
+    def forward_last_blocks(self, x: torch.Tensor, n: int, avgpool: bool = False) -> list[torch.Tensor]:
         """Pooled (CLS or mean) normed outputs of the last n blocks, as DINO's linear probe reads them.
 
         With `avgpool`, also the mean of the last block's normed patch tokens (DINO's --avgpool_patchtokens)."""
@@ -133,7 +157,7 @@ class ViT(VisionTransformer):
                 outputs.append(self.norm(x))
         features = [self._pool(out) for out in outputs]
         if avgpool:
-            features.append(outputs[-1][:, self.num_prefix_tokens:].mean(dim=1))
+            features.append(outputs[-1][:, self.num_prefix_tokens :].mean(dim=1))
         return features
 
 
@@ -151,10 +175,21 @@ def _vit_factory(size: str, bn_mlp: bool):
     embed_dim, depth, heads, default_patch = SIZES[size]
 
     def build(cfg, drop_path: float) -> ViT:
-        return ViT(embed_dim=embed_dim, depth=depth, num_heads=cfg.num_heads or heads,
-                   patch_size=cfg.patch_size or default_patch, img_size=cfg.img_size, drop_path=drop_path,
-                   pos_embed=cfg.pos_embed, frozen_patch_embed=cfg.frozen_patch_embed, pooling=cfg.pooling,
-                   final_norm=cfg.final_norm, bn_mlp=bn_mlp or cfg.bn_mlp, weight_init=cfg.weight_init)
+        return ViT(
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=cfg.num_heads or heads,
+            patch_size=cfg.patch_size or default_patch,
+            img_size=cfg.img_size,
+            drop_path=drop_path,
+            pos_embed=cfg.pos_embed,
+            frozen_patch_embed=cfg.frozen_patch_embed,
+            pooling=cfg.pooling,
+            final_norm=cfg.final_norm,
+            bn_mlp=bn_mlp or cfg.bn_mlp,
+            weight_init=cfg.weight_init,
+        )
+
     return build
 
 

@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import List, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -29,11 +28,11 @@ class CheckResult:
     name: str
     ok: bool
     message: str = ""
-    params_m: Optional[float] = None  # the backbone's parameters, millions
-    missing: List[str] = field(default_factory=list)
+    params_m: float | None = None  # the backbone's parameters, millions
+    missing: list[str] = field(default_factory=list)
 
 
-def missing_pieces(cfg: DictConfig) -> List[str]:
+def missing_pieces(cfg: DictConfig) -> list[str]:
     """What this recipe needs that the code base does not have yet, each named for a reader."""
     from scale.methods import KINDS, MOCO_VARIANTS
     from scale.models import available
@@ -50,7 +49,7 @@ def missing_pieces(cfg: DictConfig) -> List[str]:
         missing.append(f"engine '{cfg.engine.kind}' (engine.kind; no module {module or '?'})")
     for line in cfg.meta.notes.splitlines():
         if line.strip().lower().startswith(MISSING_PREFIX):
-            missing.append(line.strip()[len(MISSING_PREFIX):].strip())
+            missing.append(line.strip()[len(MISSING_PREFIX) :].strip())
     return missing
 
 
@@ -59,7 +58,7 @@ def within_rounding(ours: float, reported: float) -> bool:
     quotes ViT-S 21.7M as 21, MoCo v3 as 22)."""
     text = repr(float(reported))
     decimals = 0 if text.endswith(".0") else len(text.split(".")[1])
-    unit = 10.0 ** -decimals
+    unit = 10.0**-decimals
     low, high = math.floor(ours / unit + 1e-9) * unit, math.ceil(ours / unit - 1e-9) * unit
     return low - 1e-9 <= reported <= high + 1e-9
 
@@ -83,8 +82,14 @@ def _param_errors(cfg: DictConfig, backbone: torch.nn.Module) -> tuple[float, li
 
 def _build_key(cfg: DictConfig) -> str:
     """What the meta build depends on: many rows share it (e.g. one Swin-T DRLoc model over ten data sets)."""
-    return OmegaConf.to_yaml({"model": cfg.model, "method": cfg.method, "data": {"num_classes": cfg.data.num_classes},
-                              "train": {"epochs": cfg.train.epochs}})
+    return OmegaConf.to_yaml(
+        {
+            "model": cfg.model,
+            "method": cfg.method,
+            "data": {"num_classes": cfg.data.num_classes},
+            "train": {"epochs": cfg.train.epochs},
+        }
+    )
 
 
 @lru_cache(maxsize=64)

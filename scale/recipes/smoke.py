@@ -41,9 +41,17 @@ def ensure_smoke_data(root: Path | None = None) -> Path:
 
 
 def tiny_model_name(name: str) -> str:
-    for prefix, tiny in (("vit_bn_", "vit_bn_nano"), ("vit_", "vit_nano"), ("swin_", "swin_nano"),
-                         ("resnet", "resnet_nano"), ("cvt_tiny", "cvt_nano_w"), ("cvt_", "cvt_nano"),
-                         ("t2t_vit_", "t2t_vit_nano"), ("vil_", "vil_nano"), ("pvt_", "pvt_nano")):
+    for prefix, tiny in (
+        ("vit_bn_", "vit_bn_nano"),
+        ("vit_", "vit_nano"),
+        ("swin_", "swin_nano"),
+        ("resnet", "resnet_nano"),
+        ("cvt_tiny", "cvt_nano_w"),
+        ("cvt_", "cvt_nano"),
+        ("t2t_vit_", "t2t_vit_nano"),
+        ("vil_", "vil_nano"),
+        ("pvt_", "pvt_nano"),
+    ):
         if name.startswith(prefix):
             return tiny
     raise UserError(f"model.name '{name}': no tiny model of this family for a smoke run")
@@ -119,8 +127,9 @@ def smoke_overrides(cfg: DictConfig, data_dir: Path | str | None = None) -> Dict
     return out
 
 
-def smoke_run(recipe: str, work_dir: Path | str, data_dir: Path | str | None = None,
-              overrides: list[str] | None = None) -> int:
+def smoke_run(
+    recipe: str, work_dir: Path | str, data_dir: Path | str | None = None, overrides: list[str] | None = None
+) -> int:
     """Shrink `recipe`, write the shrunk recipe to work_dir/<name>.yaml and train it on RANKS local gloo processes
     in work_dir/<name>/, with `overrides` (dotted key=value) on top; returns the exit status of `scale train`."""
     from scale.config import load_recipe, to_yaml

@@ -30,8 +30,22 @@ def group():
 
 def test_bench_command_prints_one_row_per_setting_and_writes_json(tmp_path, capsys):
     out = tmp_path / "rows.json"
-    status = main(["bench", TINY_RECIPE, *TINY, "--synthetic-data", "--steps", "1", "--warmup", "0",
-                   "--matrix", "ac=none,full", "--json", str(out)])
+    status = main(
+        [
+            "bench",
+            TINY_RECIPE,
+            *TINY,
+            "--synthetic-data",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--matrix",
+            "ac=none,full",
+            "--json",
+            str(out),
+        ]
+    )
     assert status == 0
     printed = capsys.readouterr().out
     assert "ac=none" in printed and "ac=full" in printed and "MFU" in printed
@@ -61,9 +75,10 @@ def measured(cfg, group) -> dict:
     return bench_config(cfg, *group, steps=1, warmup=0, synthetic=True, count_flops=False)
 
 
-@pytest.mark.parametrize("recipe, engine, batches", [(TINY_RECIPE, "ddp", (2, 4)),
-                                                     (TINY_RECIPE, "fsdp2", (2, 4)),
-                                                     ("esvit/table9/a_swin_t_bs8_lvlr", "ddp", (4, 8))])
+@pytest.mark.parametrize(
+    "recipe, engine, batches",
+    [(TINY_RECIPE, "ddp", (2, 4)), (TINY_RECIPE, "fsdp2", (2, 4)), ("esvit/table9/a_swin_t_bs8_lvlr", "ddp", (4, 8))],
+)
 def test_memory_predictions_within_15_percent_of_measured(group, recipe, engine, batches):
     """State bytes as Engine.memory() counts them, peak tensor bytes with and without checkpointing, and activation
     bytes per image (the slope of the peak against the batch, over batches where activations dominate), on the
@@ -74,12 +89,12 @@ def test_memory_predictions_within_15_percent_of_measured(group, recipe, engine,
     for ac in ("none", "full"):
         peaks, prediction = {}, None
         for batch in batches:
-            cfg = OmegaConf.merge(base, {"train": {"global_batch": batch},
-                                         "engine": {"activation_checkpointing": ac}})
+            cfg = OmegaConf.merge(base, {"train": {"global_batch": batch}, "engine": {"activation_checkpointing": ac}})
             result = measured(cfg, group)
             trace = trace_step(cfg)
-            prediction = predict(trace, Setting(engine, ac, micro_batch=batch), 1, "fp32", cfg.optim.name,
-                                 1e12, 1.0, 1e9)
+            prediction = predict(
+                trace, Setting(engine, ac, micro_batch=batch), 1, "fp32", cfg.optim.name, 1e12, 1.0, 1e9
+            )
             for key in ("params", "grads", "optimizer", "teacher"):
                 assert prediction.memory[key] == pytest.approx(result["state"][key], rel=0.01, abs=64), key
             assert prediction.memory["total"] == pytest.approx(result["peak_bytes"], rel=0.15), (ac, batch)
@@ -94,18 +109,20 @@ def test_memory_predictions_within_15_percent_of_measured(group, recipe, engine,
 
 def test_state_bytes_shard_as_the_engines_do():
     trace = trace_step(load_recipe(TINY_RECIPE))
-    ddp, fsdp, zero1, zero3 = (sum(state_bytes(trace, e, 8, "fp32", "adamw").values())
-                               for e in ("ddp", "fsdp2", "zero1", "zero3"))
+    ddp, fsdp, zero1, zero3 = (
+        sum(state_bytes(trace, e, 8, "fp32", "adamw").values()) for e in ("ddp", "fsdp2", "zero1", "zero3")
+    )
     assert fsdp == pytest.approx(ddp / 8) and zero3 == pytest.approx(ddp / 8)
     # ZeRO-1: weights, gradients and teacher replicated; moments and an fp32 master copy sharded
-    assert zero1 == pytest.approx(4 * (trace.params + trace.trainable + trace.teacher_params)
-                                  + (8 + 4) * trace.trainable / 8)
+    assert zero1 == pytest.approx(
+        4 * (trace.params + trace.trainable + trace.teacher_params) + (8 + 4) * trace.trainable / 8
+    )
 
 
 def test_planner_proposes_the_fastest_setting_that_fits():
     trace = trace_step(load_recipe(TINY_RECIPE))
     args = dict(world=2, precision="fp32", optimizer="adamw", peak_flops=1e12, mfu=0.5, bandwidth=1e10)
-    table, roomy = plan(trace, 32, gpu_mem=2 ** 34, **args)
+    table, roomy = plan(trace, 32, gpu_mem=2**34, **args)
     assert [p.setting.engine for p in table] == ["ddp", "fsdp2", "zero1", "zero2", "zero3"]
     assert roomy.setting.ac == "none" and roomy.setting.micro_batch == 32
     no_ckpt = predict(trace, Setting("fsdp2", micro_batch=32), **args)
@@ -126,8 +143,10 @@ def test_plan_command(capsys):
 
 def test_esvit_table_row_at_tiny_scale(tmp_path, capsys):
     out = tmp_path / "esvit9.json"
-    assert main(["bench", "table", "esvit9", "--rows", "Swin-T bs1", "--steps", "1", "--warmup", "0",
-                 "--json", str(out)]) == 0
+    assert (
+        main(["bench", "table", "esvit9", "--rows", "Swin-T bs1", "--steps", "1", "--warmup", "0", "--json", str(out)])
+        == 0
+    )
     rows = json.loads(out.read_text())
     assert [r["row"] for r in rows] == ["(a) Swin-T bs1"] and rows[0]["batch"] == 1
     row = rows[0]
@@ -145,10 +164,31 @@ def fresh_env() -> dict:
 def test_bench_on_two_ranks_reports_sharded_state(tmp_path):
     """`--nproc 2` spawns a gloo group; FSDP2 holds half of DDP's per-rank state (Engine.memory())."""
     out = tmp_path / "ranks.json"
-    done = subprocess.run([sys.executable, "-m", "scale.cli", "bench", TINY_RECIPE, "train.global_batch=4",
-                           "--synthetic-data", "--steps", "1", "--warmup", "0", "--nproc", "2",
-                           "--matrix", "engine=ddp,fsdp2", "--json", str(out)], capture_output=True, text=True,
-                          timeout=300, env=fresh_env())
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scale.cli",
+            "bench",
+            TINY_RECIPE,
+            "train.global_batch=4",
+            "--synthetic-data",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--nproc",
+            "2",
+            "--matrix",
+            "engine=ddp,fsdp2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=fresh_env(),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     ddp, fsdp = json.loads(out.read_text())
     assert ddp["world"] == fsdp["world"] == 2 and ddp["per_rank_batch"] == 2

@@ -22,8 +22,12 @@ TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))
 def test_matrix_settings_become_recipe_overrides():
     assert setting_overrides("engine", "zero3") == ["engine.kind=deepspeed", "engine.zero_stage=3"]
     assert setting_overrides("ac", "every3") == ["engine.activation_checkpointing=every_n", "engine.ac_every_n=3"]
-    assert crop_overrides("2x224+10x96") == ["data.views.n_global=2", "data.views.global_size=224",
-                                             "data.views.local_sizes=[96]", "data.views.n_local=[10]"]
+    assert crop_overrides("2x224+10x96") == [
+        "data.views.n_global=2",
+        "data.views.global_size=224",
+        "data.views.local_sizes=[96]",
+        "data.views.n_local=[10]",
+    ]
     assert crop_overrides("2x224")[-1] == "data.views.n_local=[0]"
     cfg = load_setting(TINY_RECIPE, [], {"micro_batch": "8", "crops": "2x64+6x32"}, world_size=2)
     assert cfg.engine.grad_accum == 4  # 64 images / 2 ranks / 8 per forward
@@ -87,9 +91,18 @@ def test_tables_shrink_but_keep_crop_counts_and_extrapolate_hours():
 
 
 def test_table_formatting():
-    row = {"label": "ac=none", "step_s": 2.0, "images_per_s": 4.0, "images_per_s_per_device": 2.0,
-           "crops_per_s_per_device": 12.0, "comm_s": 0.1, "peak_bytes": 2 ** 20, "rss_peak_bytes": None,
-           "state": {"total": 2 ** 21}, "mfu": 0.25,
-           "phases": {"data": 0.0, "forward": 0.5, "backward": 1.0, "optimizer": 0.3, "other": 0.2}}
+    row = {
+        "label": "ac=none",
+        "step_s": 2.0,
+        "images_per_s": 4.0,
+        "images_per_s_per_device": 2.0,
+        "crops_per_s_per_device": 12.0,
+        "comm_s": 0.1,
+        "peak_bytes": 2**20,
+        "rss_peak_bytes": None,
+        "state": {"total": 2**21},
+        "mfu": 0.25,
+        "phases": {"data": 0.0, "forward": 0.5, "backward": 1.0, "optimizer": 0.3, "other": 0.2},
+    }
     line = format_table([row]).splitlines()[1]
     assert "ac=none" in line and "25.0%" in line and " 1.0 " in line and " 2.0 " in line

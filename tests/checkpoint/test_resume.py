@@ -13,8 +13,13 @@ from tests.helpers_run import TINY, embedded_data, run_train  # noqa: F401
 
 STEPS = 6
 # the monitors every step: a resumed run must report what the uninterrupted one did (their state is checkpointed)
-COMMON = TINY + ["train.ckpt_every_steps=2", "model.drop_path=0.1", "train.keep_last=10",
-                 "train.knn_monitor_every=1", "train.grad_monitor_every=1"]
+COMMON = TINY + [
+    "train.ckpt_every_steps=2",
+    "model.drop_path=0.1",
+    "train.keep_last=10",
+    "train.knn_monitor_every=1",
+    "train.grad_monitor_every=1",
+]
 OVERRIDES = COMMON + [f"train.max_steps={STEPS}"]
 MONITORED = ("knn_monitor_top1", "grad_norm_max_layer")
 
@@ -70,9 +75,25 @@ def test_preemption_signal_checkpoints_and_exits_for_requeue(embedded_data, tmp_
     import time
 
     env = dict(os.environ, SCALE_DATA=str(embedded_data), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "scale.cli", "train", "demo/dino_tiny", *TINY,
-                             "train.max_steps=400", "--run-dir", str(tmp_path), "--nproc", "2"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "scale.cli",
+            "train",
+            "demo/dino_tiny",
+            *TINY,
+            "train.max_steps=400",
+            "--run-dir",
+            str(tmp_path),
+            "--nproc",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -96,7 +117,7 @@ def test_fsdp2_checkpoint_resumes_on_another_world_size(embedded_data, reference
     saved = final_state(tmp_path)
     out = run_train(embedded_data, tmp_path, OVERRIDES, nproc=world)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"resumed from" in out.stderr
+    assert "resumed from" in out.stderr
     # nothing left to train: the re-saved state is the loaded state, exactly
     assert_same_state(saved, final_state(tmp_path))
     more = run_train(embedded_data, tmp_path, COMMON + [f"train.max_steps={STEPS + 2}"], nproc=world)
@@ -113,8 +134,16 @@ def test_exported_teacher_backbone_loads_into_timm_strictly(reference, tmp_path)
     out = export(reference, "teacher-backbone", "safetensors", tmp_path / "teacher.safetensors")
     # the demo's vit_nano/4 with average pooling, as timm builds it
     model = timm.models.vision_transformer.VisionTransformer(
-        img_size=16, patch_size=4, embed_dim=64, depth=3, num_heads=4, num_classes=0, class_token=False,
-        global_pool="avg", fc_norm=False)
+        img_size=16,
+        patch_size=4,
+        embed_dim=64,
+        depth=3,
+        num_heads=4,
+        num_classes=0,
+        class_token=False,
+        global_pool="avg",
+        fc_norm=False,
+    )
     model.load_state_dict(load_file(str(out)), strict=True)
     summary = info(reference)
     assert summary["step"] == STEPS and summary["world_size"] == 2 and summary["engine"] == "fsdp2"

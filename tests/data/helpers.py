@@ -31,8 +31,11 @@ def write_tar(path: Path, samples: list) -> None:
 
 def write_manifest(shard_dir: Path, counts: dict, classes=("a", "b")) -> None:
     shards = [{"name": name, "count": n} for name, n in counts.items()]
-    (shard_dir / "_info.json").write_text(json.dumps({"label_kind": "single", "classes": list(classes),
-                                                      "num_samples": sum(counts.values()), "shards": shards}))
+    (shard_dir / "_info.json").write_text(
+        json.dumps(
+            {"label_kind": "single", "classes": list(classes), "num_samples": sum(counts.values()), "shards": shards}
+        )
+    )
 
 
 def good_shards(shard_dir: Path, counts: list, start_key: int = 0) -> None:

@@ -35,8 +35,6 @@ def photos_cfg(train, backend="dali", **overrides):
     return cfg
 
 
-
-
 def test_gpu_requested_without_gpu_is_a_user_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UserError, match="no CUDA GPU"):
@@ -90,7 +88,7 @@ def drawn_parameters(photos, samples: int) -> dict:
     out = {name: [[] for _ in range(n_views)] for name in PARAMS + ("crop",)}
     for _ in range(samples // 100):
         outputs = pipe.run()
-        crops, params = outputs[2:2 + n_views], outputs[2 + n_views:]
+        crops, params = outputs[2 : 2 + n_views], outputs[2 + n_views :]
         for v in range(n_views):
             out["crop"][v].append(np.array(crops[v].as_tensor()))
             for p, name in enumerate(PARAMS):
@@ -102,13 +100,13 @@ def torchvision_crop_boxes(size: int, scale, ratio, n: int) -> tuple:
     rng = random.Random(0)
     boxes = np.array([random_resized_crop_box(rng, size, size, scale, ratio) for _ in range(n)], dtype=float)
     w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-    return w * h / size ** 2, w / h
+    return w * h / size**2, w / h
 
 
 def is_gray(crops: np.ndarray, mean, std) -> np.ndarray:
     """Per crop: all three channels equal once the normalisation is undone."""
     pixels = crops * np.array(std).reshape(1, 3, 1, 1) * 255 + np.array(mean).reshape(1, 3, 1, 1) * 255
-    return (np.abs(pixels - pixels[:, :1]).max(axis=(1, 2, 3)) < 0.5)
+    return np.abs(pixels - pixels[:, :1]).max(axis=(1, 2, 3)) < 0.5
 
 
 def test_per_view_statistics_match_the_torchvision_views(photos):
@@ -121,14 +119,19 @@ def test_per_view_statistics_match_the_torchvision_views(photos):
     for v in range(2 + N_LOCAL):
         shape, size = drawn["shape"][v], drawn["size"][v]
         assert (shape[:, :2] == 64).all()
-        area, aspect = size.prod(axis=1) / 64 ** 2, size[:, 1] / size[:, 0]  # size is (h, w)
+        area, aspect = size.prod(axis=1) / 64**2, size[:, 1] / size[:, 0]  # size is (h, w)
         scale = views.global_scale if v < 2 else views.local_scale
         ref_area, ref_aspect = torchvision_crop_boxes(64, scale, views.ratio, 4000)
         for ours, ref in ((area, ref_area), (np.log(aspect), np.log(ref_aspect))):
             assert abs(ours.mean() - ref.mean()) < 0.02
             assert np.abs(np.quantile(ours, [0.1, 0.5, 0.9]) - np.quantile(ref, [0.1, 0.5, 0.9])).max() < 0.025
-        for name, p in (("flip", views.flip_p), ("jitter", views.color_jitter_p), ("gray", views.grayscale_p),
-                        ("blur", blur_p[v]), ("solarize", solarize_p[v])):
+        for name, p in (
+            ("flip", views.flip_p),
+            ("jitter", views.color_jitter_p),
+            ("gray", views.grayscale_p),
+            ("blur", blur_p[v]),
+            ("solarize", solarize_p[v]),
+        ):
             assert abs(drawn[name][v].mean() - p) < tolerance(p), (name, v)
         blurred = drawn["sigma"][v][drawn["blur"][v] == 1]
         if len(blurred):
@@ -168,6 +171,7 @@ def test_solarize_and_blur_change_the_crops_as_torchvision_does(photos):
 
     def roughness(x):
         return (x[..., 1:] - x[..., :-1]).abs().mean()
+
     assert roughness(crops["blurred"]) < 0.8 * roughness(crops["plain"])
 
 

@@ -8,7 +8,8 @@ import torch
 from omegaconf import OmegaConf
 from sklearn.neighbors import KNeighborsClassifier
 
-from scale.data import embedded, views as views_mod
+from scale.data import embedded
+from scale.data import views as views_mod
 from scale.data.config import ViewsConfig
 from scale.data.loader import ShardReader
 from scale.data.shards import read_manifest, verify
@@ -50,16 +51,23 @@ def test_defaults_are_the_official_dino_ones():
     c = ViewsConfig()
     assert (c.global_size, c.global_scale, c.local_sizes, c.local_scale) == (224, [0.4, 1.0], [96], [0.05, 0.4])
     assert (c.blur_p, c.local_blur_p, c.solarize_p, c.local_solarize_p) == ([1.0, 0.1], 0.5, [0.0, 0.2], 0.0)
-    assert (c.color_jitter, c.color_jitter_p, c.grayscale_p, c.interpolation) == ([0.4, 0.4, 0.2, 0.1], 0.8, 0.2,
-                                                                                  "bicubic")
+    assert (c.color_jitter, c.color_jitter_p, c.grayscale_p, c.interpolation) == (
+        [0.4, 0.4, 0.2, 0.1],
+        0.8,
+        0.2,
+        "bicubic",
+    )
 
 
-@pytest.mark.parametrize("kind, extra, shapes", [
-    ("multicrop", {"local_sizes": [12, 8], "n_local": [3, 2]}, [(2, 24), (3, 12), (2, 8)]),
-    ("two_view", {"interpolation": "bilinear"}, [(2, 24)]),
-    ("supervised", {}, [(1, 24)]),
-    ("eval", {}, [(1, 20)]),
-])
+@pytest.mark.parametrize(
+    "kind, extra, shapes",
+    [
+        ("multicrop", {"local_sizes": [12, 8], "n_local": [3, 2]}, [(2, 24), (3, 12), (2, 8)]),
+        ("two_view", {"interpolation": "bilinear"}, [(2, 24)]),
+        ("supervised", {}, [(1, 24)]),
+        ("eval", {}, [(1, 20)]),
+    ],
+)
 def test_view_shapes(kind, extra, shapes):
     v = build_views(cfg(kind=kind, global_size=24, eval_resize=28, eval_crop=20, **extra))
     out = v(jpeg(0, size=(90, 60)), random.Random(0))
@@ -100,8 +108,18 @@ def test_crop_boxes_follow_scale_and_ratio():
 
 def test_reduced_decode_keeps_crop_geometry():
     """A crop served by a 1/2-size DCT decode matches the full-size crop closely (same box, same content)."""
-    v = build_views(cfg(global_size=16, n_local=[0], local_sizes=[8], color_jitter_p=0.0, grayscale_p=0.0,
-                        blur_p=[0.0, 0.0], solarize_p=[0.0, 0.0], flip_p=0.0))
+    v = build_views(
+        cfg(
+            global_size=16,
+            n_local=[0],
+            local_sizes=[8],
+            color_jitter_p=0.0,
+            grayscale_p=0.0,
+            blur_p=[0.0, 0.0],
+            solarize_p=[0.0, 0.0],
+            flip_p=0.0,
+        )
+    )
     rng_state = random.Random(3)
     data = jpeg(2, size=(200, 160))
     full = v.__class__._reduction
@@ -118,7 +136,21 @@ def test_bench_data_command_runs(tmp_path, capsys):
     from scale.cli import main
 
     dirs = embedded.build("digits", tmp_path)
-    assert main(["bench", "data", "recipes/_base/dino.yaml", "data.views.global_size=32", "data.views.local_sizes=[16]",
-                 "--shards", str(dirs["val"]), "--images", "4"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "data",
+                "recipes/_base/dino.yaml",
+                "data.views.global_size=32",
+                "data.views.local_sizes=[16]",
+                "--shards",
+                str(dirs["val"]),
+                "--images",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert "speedup" in capsys.readouterr().out
     assert main(["bench", "nothing"]) == 2

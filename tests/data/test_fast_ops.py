@@ -11,9 +11,9 @@ from PIL import Image, ImageFilter, ImageOps
 from skimage import data as photos
 from torchvision.transforms import functional as TF
 
-from scale.data.reference import ReferenceDino
 from scale.data import colour
 from scale.data.colour import gaussian_blur, pil_blur_kernel, shift_hue, solarize
+from scale.data.reference import ReferenceDino
 from scale.data.views import INTERPOLATION, build_views, random_resized_crop_box, resize_crop
 from tests.data.test_embedded_views import cfg
 
@@ -46,8 +46,14 @@ def test_resize_crop_matches_pil_resize_of_the_box(mode):
         assert diff[3:-3, 3:-3].max() <= 1
 
 
-@pytest.mark.parametrize("op, tv_op", [(colour.brightness, TF.adjust_brightness), (colour.contrast, TF.adjust_contrast),
-                                       (colour.saturation, TF.adjust_saturation)])
+@pytest.mark.parametrize(
+    "op, tv_op",
+    [
+        (colour.brightness, TF.adjust_brightness),
+        (colour.contrast, TF.adjust_contrast),
+        (colour.saturation, TF.adjust_saturation),
+    ],
+)
 def test_enhance_ops_equal_torchvision_pil_ops(op, tv_op):
     for crop in photo_crops(96):
         for factor in (0.6, 0.93, 1.0, 1.27, 1.4):
@@ -90,7 +96,7 @@ def test_blur_kernel_is_normalised_with_the_requested_variance():
     for radius in (0.1, 0.5, 1.3, 2.0):
         kernel = pil_blur_kernel(radius)
         offsets = np.arange(len(kernel)) - len(kernel) // 2
-        assert kernel.sum() == pytest.approx(1) and (kernel * offsets ** 2).sum() == pytest.approx(radius ** 2)
+        assert kernel.sum() == pytest.approx(1) and (kernel * offsets**2).sum() == pytest.approx(radius**2)
 
 
 def test_solarize_is_pil_solarize():

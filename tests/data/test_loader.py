@@ -15,8 +15,12 @@ def global_steps(cfg, world: int, state=None, epochs: int = 1, stop_after=None):
     steps = []
     for _ in range(epochs):
         epoch = loaders[0].epoch
-        per_rank = [[(epoch, b.keys) for b in ld] if stop_after is None else
-                    [(epoch, b.keys) for _, b in zip(range(stop_after), ld)] for ld in loaders]
+        per_rank = [
+            [(epoch, b.keys) for b in ld]
+            if stop_after is None
+            else [(epoch, b.keys) for _, b in zip(range(stop_after), ld)]
+            for ld in loaders
+        ]
         for step in zip(*per_rank):
             steps.append((step[0][0], sorted(k for _, keys in step for k in keys)))
         if stop_after is not None:
@@ -51,7 +55,7 @@ def test_resume_changes_world_size_without_repeat_or_skip(tmp_path):
     assert state["position"] == 24
     for new_world in (1, 4):
         rest, _ = global_steps(cfg, world=new_world, state=state, epochs=2)
-        assert head + rest[:len(full) - 2] == full
+        assert head + rest[: len(full) - 2] == full
 
 
 def test_resumed_batches_are_identical_and_independent_of_workers(tmp_path):
@@ -78,8 +82,7 @@ def test_batch_layout_is_view_major_grouped_by_resolution(tmp_path):
 
 def test_epoch_order_is_a_permutation(tmp_path):
     order = EpochOrder([5, 0, 7, 3], seed=0, epoch=2, window=4)
-    assert sorted(order[p] for p in range(15)) == sorted((s, i) for s, n in enumerate([5, 0, 7, 3])
-                                                         for i in range(n))
+    assert sorted(order[p] for p in range(15)) == sorted((s, i) for s, n in enumerate([5, 0, 7, 3]) for i in range(n))
 
 
 def test_resampled_mode_yields_steps_per_epoch_batches(tmp_path):

@@ -4,9 +4,9 @@ center all-reduced across ranks, frozen last layer) and MoCo v3 (keys gathered a
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from engine_toy import shard_batch
 from omegaconf import OmegaConf
 
-from engine_toy import shard_batch
 from scale.config.schema import Recipe
 from scale.data.batch import Batch
 from scale.methods.base import StepContext
@@ -31,8 +31,12 @@ def make_batch(step: int, kind: str) -> Batch:
     base = F.interpolate(torch.randn(GLOBAL_BATCH, 3, 4, 4, generator=gen), size=48, mode="bilinear")
 
     def views(count, size):
-        return torch.cat([F.interpolate(base + 0.1 * torch.randn(base.shape, generator=gen), size=size,
-                                        mode="bilinear") for _ in range(count)])
+        return torch.cat(
+            [
+                F.interpolate(base + 0.1 * torch.randn(base.shape, generator=gen), size=size, mode="bilinear")
+                for _ in range(count)
+            ]
+        )
 
     crops, counts = [views(2, 32)], [2]
     if kind == "dino":
@@ -56,8 +60,7 @@ def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1) -> dict:
     engine.setup(method)
     losses = []
     for step in range(STEPS):
-        ctx = StepContext(step=step, epoch=step // STEPS_PER_EPOCH, steps_per_epoch=STEPS_PER_EPOCH,
-                          total_steps=STEPS)
+        ctx = StepContext(step=step, epoch=step // STEPS_PER_EPOCH, steps_per_epoch=STEPS_PER_EPOCH, total_steps=STEPS)
         with engine.autocast():
             loss, _ = method.loss(shard_batch(make_batch(step, kind), info.rank, info.world_size), ctx)
         engine.backward(loss)
@@ -67,8 +70,11 @@ def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1) -> dict:
         apply_schedule(engine.optimizer.param_groups, LR, WD)
         engine.step(method.frozen_params(ctx))
         engine.ema(method.ema_momentum(ctx))
-    return {"losses": losses, "student": engine.export_state_dict("student"),
-            "teacher": engine.export_state_dict("teacher")}
+    return {
+        "losses": losses,
+        "student": engine.export_state_dict("student"),
+        "teacher": engine.export_state_dict("teacher"),
+    }
 
 
 def real_jobs(jobs: list[tuple]) -> dict:

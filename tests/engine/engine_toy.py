@@ -96,8 +96,12 @@ class ToyMethod(Method):
             teacher_out = self.teacher(global_crops).float()
         targets = F.softmax(teacher_out / 0.05, dim=-1).chunk(N_GLOBAL)
         views = torch.cat(student_out).div(0.1).chunk(N_GLOBAL + N_LOCAL)
-        terms = [torch.sum(-t * F.log_softmax(v, dim=-1), dim=-1).mean()
-                 for i, t in enumerate(targets) for j, v in enumerate(views) if i != j]
+        terms = [
+            torch.sum(-t * F.log_softmax(v, dim=-1), dim=-1).mean()
+            for i, t in enumerate(targets)
+            for j, v in enumerate(views)
+            if i != j
+        ]
         loss = sum(terms) / len(terms)
         return loss, {"loss": float(loss.detach())}
 
@@ -110,8 +114,10 @@ class ToyMethod(Method):
 
 def make_batch(step: int) -> Batch:
     gen = torch.Generator().manual_seed(1000 + step)
-    crops = [torch.randn(N_GLOBAL * GLOBAL_BATCH, IN_DIM, generator=gen),
-             torch.randn(N_LOCAL * GLOBAL_BATCH, IN_DIM, generator=gen)]
+    crops = [
+        torch.randn(N_GLOBAL * GLOBAL_BATCH, IN_DIM, generator=gen),
+        torch.randn(N_LOCAL * GLOBAL_BATCH, IN_DIM, generator=gen),
+    ]
     return Batch(crops, [N_GLOBAL, N_LOCAL], torch.zeros(GLOBAL_BATCH, dtype=torch.long))
 
 
@@ -121,8 +127,8 @@ def shard_batch(batch: Batch, index: int, count: int) -> Batch:
     crops = []
     for crop, views in zip(batch.crops, batch.views_per_group):
         per_view = crop.reshape(views, batch.batch_size, *crop.shape[1:])
-        crops.append(per_view[:, index * size:(index + 1) * size].reshape(views * size, *crop.shape[1:]))
-    return Batch(crops, list(batch.views_per_group), batch.labels[index * size:(index + 1) * size])
+        crops.append(per_view[:, index * size : (index + 1) * size].reshape(views * size, *crop.shape[1:]))
+    return Batch(crops, list(batch.views_per_group), batch.labels[index * size : (index + 1) * size])
 
 
 def context(step: int) -> StepContext:
@@ -149,8 +155,12 @@ def reference_run(optim_kw: dict, splits: int = 2, steps: int = STEPS, method_kw
     named = [(n, p) for n, p in method.student.named_parameters()]
     decay = [p for n, p in named if not n.endswith(".bias") and p.ndim > 1]
     no_decay = [p for n, p in named if n.endswith(".bias") or p.ndim <= 1]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=tuple(cfg.betas), eps=cfg.eps)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=LR,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+    )
     losses = []
     for step in range(steps):
         ctx = context(step)
@@ -173,8 +183,11 @@ def reference_run(optim_kw: dict, splits: int = 2, steps: int = STEPS, method_kw
             student = dict(method.student.named_parameters())
             for n, t in method.teacher.named_parameters():
                 t.mul_(MOMENTUM).add_((1 - MOMENTUM) * student[n])
-    return {"losses": losses, "student": {k: v.detach().clone() for k, v in method.student.state_dict().items()},
-            "teacher": {k: v.detach().clone() for k, v in method.teacher.state_dict().items()}}
+    return {
+        "losses": losses,
+        "student": {k: v.detach().clone() for k, v in method.student.state_dict().items()},
+        "teacher": {k: v.detach().clone() for k, v in method.teacher.state_dict().items()},
+    }
 
 
 # --- engine runs
@@ -191,8 +204,16 @@ def build(engine_kw: dict, optim_kw: dict, method_kw: dict | None = None):
     return method, engine
 
 
-def engine_run(engine_kw: dict, optim_kw: dict, steps: int = STEPS, start: int = 0, load_from: str | None = None,
-               save_to: str | None = None, method_kw: dict | None = None, saved_world: int | None = None) -> dict:
+def engine_run(
+    engine_kw: dict,
+    optim_kw: dict,
+    steps: int = STEPS,
+    start: int = 0,
+    load_from: str | None = None,
+    save_to: str | None = None,
+    method_kw: dict | None = None,
+    saved_world: int | None = None,
+) -> dict:
     """Train steps start..steps-1 on this rank's share of each global batch; optionally resume from / save to a
     checkpoint as scale/checkpoint does (DCP state, or the engine's native files, written by `saved_world` ranks:
     by default this run's)."""
@@ -229,13 +250,23 @@ def engine_run(engine_kw: dict, optim_kw: dict, steps: int = STEPS, start: int =
         engine.save_native(save_to)
     elif save_to:
         dcp.save(engine.state_dict(), checkpoint_id=save_to)
-    return {"losses": losses, "student": engine.export_state_dict("student"),
-            "teacher": engine.export_state_dict("teacher"), "memory": engine.memory()}
+    return {
+        "losses": losses,
+        "student": engine.export_state_dict("student"),
+        "teacher": engine.export_state_dict("teacher"),
+        "memory": engine.memory(),
+    }
 
 
 def _worker(rank: int, world: int, port: int, fn, args, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     # this rank's stderr (Python and C++, with the Python stacks of a fatal signal) goes to a file that spawn()
     # quotes when a rank dies: pytest shows the captured output of a shared fixture only once
     log = open(rank_log(out, rank), "w", buffering=1)
@@ -285,8 +316,9 @@ def tail(path: str, chars: int = 4000) -> str:
 def run_jobs(jobs: list[tuple], run_kw: dict | None = None) -> dict:
     """Several engine runs (label, engine_kw, optim_kw[, run_kw]) in one process group (spawning is the slow
     part); run_kw: engine_run's other arguments, for all jobs or per job."""
-    return {job[0]: engine_run(job[1], job[2], **{**(run_kw or {}), **(job[3] if len(job) > 3 else {})})
-            for job in jobs}
+    return {
+        job[0]: engine_run(job[1], job[2], **{**(run_kw or {}), **(job[3] if len(job) > 3 else {})}) for job in jobs
+    }
 
 
 def resume_job(engine_kw: dict, folder: str, split: int, method_kw: dict | None = None) -> dict:
@@ -296,12 +328,14 @@ def resume_job(engine_kw: dict, folder: str, split: int, method_kw: dict | None 
     return {**rest, "losses": first["losses"] + rest["losses"]}
 
 
-def load_and_finish(engine_kw: dict, folder: str, start: int, saved_world: int, method_kw: dict | None = None,
-                    steps: int = STEPS) -> dict:
+def load_and_finish(
+    engine_kw: dict, folder: str, start: int, saved_world: int, method_kw: dict | None = None, steps: int = STEPS
+) -> dict:
     """A fresh method and engine load the checkpoint that `saved_world` ranks wrote after `start` steps and run
     steps start..steps-1 (none when steps == start: the loaded state)."""
-    return engine_run(engine_kw, {}, steps=steps, start=start, load_from=folder, saved_world=saved_world,
-                      method_kw=method_kw)
+    return engine_run(
+        engine_kw, {}, steps=steps, start=start, load_from=folder, saved_world=saved_world, method_kw=method_kw
+    )
 
 
 def all_ranks(value):
@@ -325,11 +359,18 @@ def ema_job() -> dict:
     engine.backward(loss)
     engine.step()  # the student moves away from the teacher
     student, teacher = engine.export_state_dict("student"), engine.export_state_dict("teacher")
-    shapes = {"student": {n: tuple(local(p).shape) for n, p in named_parameters(method.student)},
-              "teacher": {n: tuple(local(p).shape) for n, p in named_parameters(method.teacher)}}
+    shapes = {
+        "student": {n: tuple(local(p).shape) for n, p in named_parameters(method.student)},
+        "teacher": {n: tuple(local(p).shape) for n, p in named_parameters(method.teacher)},
+    }
     engine.ema(0.7)
-    return {"student": student, "teacher": teacher, "teacher_after": engine.export_state_dict("teacher"),
-            "shapes": all_ranks(shapes), "teacher_sharded_after_forward": all_ranks(teacher_sharded_after_forward)}
+    return {
+        "student": student,
+        "teacher": teacher,
+        "teacher_after": engine.export_state_dict("teacher"),
+        "shapes": all_ranks(shapes),
+        "teacher_sharded_after_forward": all_ranks(teacher_sharded_after_forward),
+    }
 
 
 def meta_job(kind: str) -> dict:
@@ -356,5 +397,3 @@ def memory_job(kinds: list[str], dim: int) -> dict:
 def many(calls: list[tuple]) -> list:
     """Several job functions (fn, *args) in one process group: spawning is the slow part."""
     return [fn(*args) for fn, *args in calls]
-
-

@@ -4,9 +4,7 @@ teacher, memory per rank and DeepSpeed's own checkpoints (ZeRO-1/2 also resumed 
 
 import pytest
 import torch
-
-from engine_toy import (FROZEN_STEPS, LR, ToyMethod, load_and_finish, many, reference_run, resume_job, run_jobs,
-                        spawn)
+from engine_toy import FROZEN_STEPS, LR, ToyMethod, load_and_finish, many, reference_run, resume_job, run_jobs, spawn
 from test_engine_parity import PARAM_NAMES, assert_same_run
 
 pytest.importorskip("deepspeed")
@@ -20,13 +18,17 @@ def zero(stage: int, **kw) -> dict:
 @pytest.fixture(scope="module")
 def ds_runs(tmp_path_factory):
     per_param = {"clip_grad": 0.05, "clip_mode": "per_param"}
-    jobs = [("z1", zero(1), per_param), ("z2", zero(2), per_param), ("z3", zero(3), per_param),
-            ("z2_global", zero(2), {"clip_grad": 0.1, "clip_mode": "global"}),
-            ("z3_global", zero(3), {"clip_grad": 0.1, "clip_mode": "global"}),
-            ("z3_accum_ac", zero(3, grad_accum=2, activation_checkpointing="full"), {}),
-            ("z3_bf16", zero(3, precision="bf16"), {}),
-            ("z1_frozen", zero(1), {}, {"steps": FROZEN_STEPS, "method_kw": {}}),
-            ("z3_frozen", zero(3), {}, {"steps": FROZEN_STEPS, "method_kw": {}})]
+    jobs = [
+        ("z1", zero(1), per_param),
+        ("z2", zero(2), per_param),
+        ("z3", zero(3), per_param),
+        ("z2_global", zero(2), {"clip_grad": 0.1, "clip_mode": "global"}),
+        ("z3_global", zero(3), {"clip_grad": 0.1, "clip_mode": "global"}),
+        ("z3_accum_ac", zero(3, grad_accum=2, activation_checkpointing="full"), {}),
+        ("z3_bf16", zero(3, precision="bf16"), {}),
+        ("z1_frozen", zero(1), {}, {"steps": FROZEN_STEPS, "method_kw": {}}),
+        ("z3_frozen", zero(3), {}, {"steps": FROZEN_STEPS, "method_kw": {}}),
+    ]
     tmp = tmp_path_factory.mktemp("ds")
     calls = [(run_jobs, jobs, {"method_kw": NO_FREEZE})]
     calls += [(resume_job, zero(stage), str(tmp / f"ckpt{stage}"), 3, NO_FREEZE) for stage in (1, 2, 3)]
@@ -36,8 +38,7 @@ def ds_runs(tmp_path_factory):
 
 @pytest.mark.parametrize("label", ["z1", "z2", "z3"])
 def test_zero_stages_match_reference_with_per_param_clipping(ds_runs, label):
-    assert_same_run(ds_runs[label], reference_run({"clip_grad": 0.05, "clip_mode": "per_param"},
-                                                  method_kw=NO_FREEZE))
+    assert_same_run(ds_runs[label], reference_run({"clip_grad": 0.05, "clip_mode": "per_param"}, method_kw=NO_FREEZE))
 
 
 @pytest.mark.parametrize("label", ["z2_global", "z3_global"])

@@ -3,9 +3,19 @@ init, memory per rank and a DCP checkpoint resumed on another engine and world s
 
 import pytest
 import torch
-
-from engine_toy import (FROZEN_STEPS, LR, STEPS, ema_job, engine_run, many, memory_job, meta_job, reference_run,
-                        run_jobs, spawn)
+from engine_toy import (
+    FROZEN_STEPS,
+    LR,
+    STEPS,
+    ema_job,
+    engine_run,
+    many,
+    memory_job,
+    meta_job,
+    reference_run,
+    run_jobs,
+    spawn,
+)
 from test_engine_parity import PARAM_NAMES, TEACHER_NAMES, assert_same_run
 
 
@@ -34,11 +44,13 @@ def test_sharded_ema_teacher_equals_full_tensor_ema(misc):
 
 @pytest.fixture(scope="module")
 def variant_runs(tmp_path_factory):
-    jobs = [("fsdp2_bf16", {"kind": "fsdp2", "precision": "bf16"}, {}),
-            ("ddp_bf16", {"kind": "ddp", "precision": "bf16"}, {}),
-            ("fsdp2_ac_full", {"kind": "fsdp2", "activation_checkpointing": "full"}, {}),
-            ("ddp_ac_every_2", {"kind": "ddp", "activation_checkpointing": "every_n", "ac_every_n": 2}, {}),
-            ("fsdp2_bf16_ac", {"kind": "fsdp2", "precision": "bf16", "activation_checkpointing": "full"}, {})]
+    jobs = [
+        ("fsdp2_bf16", {"kind": "fsdp2", "precision": "bf16"}, {}),
+        ("ddp_bf16", {"kind": "ddp", "precision": "bf16"}, {}),
+        ("fsdp2_ac_full", {"kind": "fsdp2", "activation_checkpointing": "full"}, {}),
+        ("ddp_ac_every_2", {"kind": "ddp", "activation_checkpointing": "every_n", "ac_every_n": 2}, {}),
+        ("fsdp2_bf16_ac", {"kind": "fsdp2", "precision": "bf16", "activation_checkpointing": "full"}, {}),
+    ]
     return spawn(run_jobs, jobs, world=2, tmp_path=tmp_path_factory.mktemp("variants"))
 
 
@@ -75,7 +87,7 @@ def test_meta_device_init_materialises_after_wrapping(misc, kind):
     # each layer's own init: torch's reset_parameters, the toy backbone's for its token
     assert torch.equal(student["backbone.bn.running_var"], torch.ones(16))
     assert torch.equal(student["backbone.blocks.0.norm.weight"], torch.ones(16))
-    bound = 1 / 8 ** 0.5  # nn.Linear(8, 16): uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    bound = 1 / 8**0.5  # nn.Linear(8, 16): uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))
     weight = student["backbone.embed.weight"]
     assert weight.abs().max() <= bound and weight.std() > bound / 3
     assert 0 < student["backbone.token"].abs().max() < 0.2
@@ -97,7 +109,8 @@ def test_dcp_checkpoint_from_fsdp2_two_ranks_resumes_on_ddp_one_rank(tmp_path):
     # be in the checkpoint for the resume to load it
     ckpt = str(tmp_path / "ckpt")
     first = spawn(engine_run, {"kind": "fsdp2"}, {}, FROZEN_STEPS, 0, None, ckpt, world=2, tmp_path=tmp_path)
-    rest = spawn(engine_run, {"kind": "ddp", "grad_accum": 2}, {}, STEPS, FROZEN_STEPS, ckpt, world=1,
-                 tmp_path=tmp_path)
+    rest = spawn(
+        engine_run, {"kind": "ddp", "grad_accum": 2}, {}, STEPS, FROZEN_STEPS, ckpt, world=1, tmp_path=tmp_path
+    )
     rest["losses"] = first["losses"] + rest["losses"]
     assert_same_run(rest, reference_run({}))

@@ -4,12 +4,14 @@ center is all-reduced, MoCo's keys all-gathered, so the math is the same)."""
 
 import pytest
 import torch
-
 from engine_real import real_jobs
 from engine_toy import spawn
 
-ENGINES = [("ddp", {"kind": "ddp"}), ("fsdp2_ac", {"kind": "fsdp2", "activation_checkpointing": "every_n"}),
-           ("zero3", {"kind": "deepspeed", "zero_stage": 3})]
+ENGINES = [
+    ("ddp", {"kind": "ddp"}),
+    ("fsdp2_ac", {"kind": "fsdp2", "activation_checkpointing": "every_n"}),
+    ("zero3", {"kind": "deepspeed", "zero_stage": 3}),
+]
 
 
 def jobs(kind: str, freeze: int) -> list[tuple]:
@@ -21,10 +23,19 @@ def runs(tmp_path_factory):
     pytest.importorskip("deepspeed")
     tmp = tmp_path_factory.mktemp("methods")
     # DINO without the frozen last layer: DeepSpeed's Adam step count is per flat group (see the toy tests)
-    two = spawn(real_jobs, jobs("dino", 0) + jobs("mocov3", 0) + [("dino_fsdp2_frozen", "dino", {}, 1)],
-                world=2, tmp_path=tmp)
-    one = spawn(real_jobs, [("dino", "dino", {"kind": "ddp"}, 0), ("mocov3", "mocov3", {"kind": "ddp"}, 0),
-                            ("dino_frozen", "dino", {"kind": "ddp"}, 1)], world=1, tmp_path=tmp)
+    two = spawn(
+        real_jobs, jobs("dino", 0) + jobs("mocov3", 0) + [("dino_fsdp2_frozen", "dino", {}, 1)], world=2, tmp_path=tmp
+    )
+    one = spawn(
+        real_jobs,
+        [
+            ("dino", "dino", {"kind": "ddp"}, 0),
+            ("mocov3", "mocov3", {"kind": "ddp"}, 0),
+            ("dino_frozen", "dino", {"kind": "ddp"}, 1),
+        ],
+        world=1,
+        tmp_path=tmp,
+    )
     return two, one
 
 
@@ -47,5 +58,6 @@ def test_two_ranks_equal_one_process(runs, kind, engine):
 def test_dino_frozen_last_layer_on_fsdp2(runs):
     two, one = runs
     assert_same(two["dino_fsdp2_frozen"], one["dino_frozen"])
-    assert not torch.equal(one["dino_frozen"]["student"]["head.last_layer.weight_v"],
-                           one["dino"]["student"]["head.last_layer.weight_v"])
+    assert not torch.equal(
+        one["dino_frozen"]["student"]["head.last_layer.weight_v"], one["dino"]["student"]["head.last_layer.weight_v"]
+    )

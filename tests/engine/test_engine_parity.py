@@ -4,7 +4,6 @@ accumulation, a frozen last layer and the shard-local EMA teacher."""
 
 import pytest
 import torch
-
 from engine_toy import STEPS, ToyMethod, reference_run, run_jobs, spawn
 
 PARAM_NAMES = [n for n, _ in ToyMethod().student.named_parameters()]
@@ -22,15 +21,17 @@ def assert_same_run(run: dict, ref: dict, loss_tol: float = 1e-4, param_tol: flo
 
 @pytest.fixture(scope="module")
 def two_rank_runs(tmp_path_factory):
-    jobs = [("ddp_per_param", {"kind": "ddp"}, {"clip_grad": 0.05, "clip_mode": "per_param"}),
-            ("fsdp2_per_param", {"kind": "fsdp2"}, {"clip_grad": 0.05, "clip_mode": "per_param"}),
-            ("ddp_global", {"kind": "ddp"}, {"clip_grad": 0.1, "clip_mode": "global"}),
-            ("fsdp2_global", {"kind": "fsdp2"}, {"clip_grad": 0.1, "clip_mode": "global"}),
-            ("fsdp2_accum", {"kind": "fsdp2", "grad_accum": 2}, {"clip_grad": 0.0}),
-            ("ddp_lars", {"kind": "ddp"}, {"name": "lars", "lr": 0.05}),
-            ("fsdp2_lars", {"kind": "fsdp2"}, {"name": "lars", "lr": 0.05}),
-            ("ddp_lamb", {"kind": "ddp"}, {"name": "lamb"}),
-            ("fsdp2_lamb", {"kind": "fsdp2"}, {"name": "lamb"})]
+    jobs = [
+        ("ddp_per_param", {"kind": "ddp"}, {"clip_grad": 0.05, "clip_mode": "per_param"}),
+        ("fsdp2_per_param", {"kind": "fsdp2"}, {"clip_grad": 0.05, "clip_mode": "per_param"}),
+        ("ddp_global", {"kind": "ddp"}, {"clip_grad": 0.1, "clip_mode": "global"}),
+        ("fsdp2_global", {"kind": "fsdp2"}, {"clip_grad": 0.1, "clip_mode": "global"}),
+        ("fsdp2_accum", {"kind": "fsdp2", "grad_accum": 2}, {"clip_grad": 0.0}),
+        ("ddp_lars", {"kind": "ddp"}, {"name": "lars", "lr": 0.05}),
+        ("fsdp2_lars", {"kind": "fsdp2"}, {"name": "lars", "lr": 0.05}),
+        ("ddp_lamb", {"kind": "ddp"}, {"name": "lamb"}),
+        ("fsdp2_lamb", {"kind": "fsdp2"}, {"name": "lamb"}),
+    ]
     return spawn(run_jobs, jobs, world=2, tmp_path=tmp_path_factory.mktemp("parity"))
 
 
@@ -63,8 +64,7 @@ def test_frozen_last_layer_is_not_updated_while_frozen(tmp_path):
     name = "head.last_layer.weight"
     assert torch.equal(ref_frozen["student"][name], ref0["student"][name])
     assert not torch.equal(ref_after["student"][name], ref0["student"][name])
-    one = spawn(run_jobs, [("ddp", {"kind": "ddp", "grad_accum": 2}, {"clip_grad": 0.0})], world=1,
-                tmp_path=tmp_path)
+    one = spawn(run_jobs, [("ddp", {"kind": "ddp", "grad_accum": 2}, {"clip_grad": 0.0})], world=1, tmp_path=tmp_path)
     # one process accumulating the two halves of each global batch is the 2-rank run
     assert_same_run(one["ddp"], reference_run({"clip_grad": 0.0}, splits=2))
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 import torch
+from engine_toy import ToyMethod, context, make_batch, optim_config
 from torch import nn
 
-from engine_toy import ToyMethod, make_batch, context, optim_config
 from scale.engine.activation import apply_activation_checkpointing, blocks_to_checkpoint
 from scale.engine.clip import clip_gradients
 from scale.engine.config import EngineConfig
@@ -157,8 +157,10 @@ def test_activation_checkpointing_saves_less_and_gives_the_same_gradients():
 
 def test_clean_name_strips_wrappers():
     assert clean_name("module.head.last_layer.weight_v") == "head.last_layer.weight_v"
-    assert clean_name("backbone.blocks.0._checkpoint_wrapped_module.attn.qkv.weight") == \
-        "backbone.blocks.0.attn.qkv.weight"
+    assert (
+        clean_name("backbone.blocks.0._checkpoint_wrapped_module.attn.qkv.weight")
+        == "backbone.blocks.0.attn.qkv.weight"
+    )
     assert clean_name("_orig_mod.module.backbone.cls_token") == "backbone.cls_token"
 
 

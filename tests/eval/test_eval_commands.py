@@ -76,8 +76,9 @@ def direct_features(recipe: str, shard_dir: str, seed: int = 0) -> tuple:
 def test_knn_matches_direct_computation_and_features_reload(data, tmp_path):
     root, recipe = data
     saved = tmp_path / "feats.pt"
-    result = run("eval", "knn", recipe, "--random-init", "--out", str(tmp_path / "knn.json"),
-                 "--save-features", str(saved))
+    result = run(
+        "eval", "knn", recipe, "--random-init", "--out", str(tmp_path / "knn.json"), "--save-features", str(saved)
+    )
     train_x, train_y = direct_features(recipe, f"{root}/digits/train")
     test_x, test_y = direct_features(recipe, f"{root}/digits/val")
     expected = knn_eval(train_x, train_y, test_x, test_y, [10, 20], 0.07, 10)
@@ -99,9 +100,26 @@ def test_knn_on_two_ranks_equals_one_rank(data, tmp_path):
     small = [f"data.train={root}/digits/val", f"data.val={root}/photos/val", "model.name=vit_nano"]
     one = run("eval", "knn", recipe, *small, "--random-init", "--out", str(tmp_path / "one.json"))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SCALE_LOCAL_LAUNCH")}
-    proc = subprocess.run([sys.executable, "-m", "scale.cli", "eval", "knn", recipe, *small, "--random-init",
-                           "--nproc", "2", "--out", str(tmp_path / "two.json")], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scale.cli",
+            "eval",
+            "knn",
+            recipe,
+            *small,
+            "--random-init",
+            "--nproc",
+            "2",
+            "--out",
+            str(tmp_path / "two.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     two = json.loads((tmp_path / "two.json").read_text())
     assert two["world_size"] == 2 and two["train_samples"] == one["train_samples"] == 360
@@ -125,16 +143,41 @@ def test_weights_file_round_trip_and_mismatch(data, tmp_path, capsys):
     base = run("eval", "knn", recipe, *small, "--random-init", "--out", str(tmp_path / "c.json"))
     assert a["per_k"] == b["per_k"] and a["weights"] == str(weights) and not a["random_init"]
     assert a["per_k"] != base["per_k"]  # the file's weights, not the seeded random init
-    assert cli(["eval", "knn", recipe, "model.patch_size=4", "--model", "swin_nano", "--weights", str(weights),
-                "--out", str(tmp_path / "d.json")]) == 2
+    assert (
+        cli(
+            [
+                "eval",
+                "knn",
+                recipe,
+                "model.patch_size=4",
+                "--model",
+                "swin_nano",
+                "--weights",
+                str(weights),
+                "--out",
+                str(tmp_path / "d.json"),
+            ]
+        )
+        == 2
+    )
     assert "does not match model 'swin_nano'" in capsys.readouterr().err
 
 
 def test_linear_grid_on_digits(data, tmp_path):
     root, recipe = data
-    result = run("eval", "linear", recipe, "eval.linear_epochs=2", "eval.batch_size=64", "eval.linear_lrs=[0.01,0.3]",
-                 "eval.linear_val_fraction=0.2", "eval.linear_n_last_blocks=2", "--random-init",
-                 "--out", str(tmp_path / "linear.json"))
+    result = run(
+        "eval",
+        "linear",
+        recipe,
+        "eval.linear_epochs=2",
+        "eval.batch_size=64",
+        "eval.linear_lrs=[0.01,0.3]",
+        "eval.linear_val_fraction=0.2",
+        "eval.linear_n_last_blocks=2",
+        "--random-init",
+        "--out",
+        str(tmp_path / "linear.json"),
+    )
     assert result["feature_dim"] == 2 * 64  # class tokens of the last 2 blocks of vit_nano
     assert result["lrs"] == pytest.approx([0.01 * 64 / 256, 0.3 * 64 / 256])
     keys = ShardSamples(f"{root}/digits/train", eval_views_cfg(load_recipe(recipe).data.views))
@@ -152,8 +195,18 @@ def test_logreg_suite_matches_direct_fit(data, tmp_path):
     saved = tmp_path / "feats.pt"
     run("eval", "knn", recipe, "--random-init", "--save-features", str(saved), "--out", str(tmp_path / "k.json"))
     (tmp_path / "ref.json").write_text(json.dumps({"digits": 101.0}))
-    result = run("eval", "logreg", recipe, "--random-init", "--dataset", f"digits={root}/digits:mean_per_class",
-                 "--reference", str(tmp_path / "ref.json"), "--out", str(tmp_path / "logreg.json"))
+    result = run(
+        "eval",
+        "logreg",
+        recipe,
+        "--random-init",
+        "--dataset",
+        f"digits={root}/digits:mean_per_class",
+        "--reference",
+        str(tmp_path / "ref.json"),
+        "--out",
+        str(tmp_path / "logreg.json"),
+    )
     entry = result["datasets"]["digits"]
     assert entry["validation"].startswith("carved from train") and entry["samples"]["test"] == 360
     # the same protocol by hand on the features the k-NN run saved (same backbone, same data)
@@ -161,9 +214,14 @@ def test_logreg_suite_matches_direct_fit(data, tmp_path):
     train = splits["train"]
     held = np.array([in_val_split(k, 0.2, 0) for k in train.keys])
     x, y = train.features.numpy(), train.labels.numpy()
-    direct = evaluate_dataset((x[~held], y[~held]), (x[held], y[held]),
-                              (splits["test"].features.numpy(), splits["test"].labels.numpy()), "mean_per_class", 10,
-                              max_iter=100)
+    direct = evaluate_dataset(
+        (x[~held], y[~held]),
+        (x[held], y[held]),
+        (splits["test"].features.numpy(), splits["test"].labels.numpy()),
+        "mean_per_class",
+        10,
+        max_iter=100,
+    )
     assert entry["best_log10_lambda"] == direct["best_log10_lambda"]
     assert entry["score"] == pytest.approx(direct["score"], abs=0.5)
     assert result["average"] == entry["score"]
@@ -174,9 +232,20 @@ def test_logreg_suite_matches_direct_fit(data, tmp_path):
 def test_correspondence_command(data, tmp_path, model):
     root, recipe = data
     extra = ["model.patch_size=4", "model.img_size=64"] if model == "swin_nano" else []
-    result = run("eval", "correspondence", recipe, f"data.val={root}/photos/val", "data.views.eval_resize=64",
-                 "data.views.eval_crop=64", "eval.correspondence_images=20", f"model.name={model}", *extra,
-                 "--random-init", "--out", str(tmp_path / "corr.json"))
+    result = run(
+        "eval",
+        "correspondence",
+        recipe,
+        f"data.val={root}/photos/val",
+        "data.views.eval_resize=64",
+        "data.views.eval_crop=64",
+        "eval.correspondence_images=20",
+        f"model.name={model}",
+        *extra,
+        "--random-init",
+        "--out",
+        str(tmp_path / "corr.json"),
+    )
     assert result["images"] == 20 and result["top"] == 10
     assert 0.0 <= result["accuracy"] <= 100.0 and result["distance_error_px"] >= 0.0
     assert -1.0 <= result["similarity"] <= 1.0

@@ -23,8 +23,10 @@ def stream(seed, steps, batch, classes=4, dim=8):
 def halves(batches, rank, world):
     """This rank's slice of every global batch, as the training loader splits it."""
     size = batches[0][0].shape[0] // world
-    return [(f[rank * size:(rank + 1) * size], l[rank * size:(rank + 1) * size], k[rank * size:(rank + 1) * size])
-            for f, l, k in batches]
+    return [
+        (f[rank * size : (rank + 1) * size], l[rank * size : (rank + 1) * size], k[rank * size : (rank + 1) * size])
+        for f, l, k in batches
+    ]
 
 
 def monitor_run(batches):

@@ -25,8 +25,10 @@ def brute_force_votes(train, train_labels, queries, k, temperature, num_classes)
 
 def brute_force_top(train, train_labels, queries, k, temperature, num_classes):
     """Per query: the classes that got votes, best first (classes without votes tie, so their order is free)."""
-    return [[c for c in sorted(range(num_classes), key=lambda c: -v[c]) if v[c] > 0]
-            for v in brute_force_votes(train, train_labels, queries, k, temperature, num_classes)]
+    return [
+        [c for c in sorted(range(num_classes), key=lambda c: -v[c]) if v[c] > 0]
+        for v in brute_force_votes(train, train_labels, queries, k, temperature, num_classes)
+    ]
 
 
 def clustered(n, classes, dim, generator, noise=1.0):
@@ -54,15 +56,16 @@ def test_knn_predictions_match_brute_force(k):
     preds = knn_predict(train, train_labels, test, [k], 0.07, 6, query_chunk=7, bank_chunk=11)[k]
     reference = brute_force_top(train, train_labels, test, k, 0.07, 6)
     assert preds[:, 0].tolist() == [r[0] for r in reference]
-    assert [p[:len(r[:5])] for p, r in zip(preds.tolist(), reference)] == [r[:5] for r in reference]
+    assert [p[: len(r[:5])] for p, r in zip(preds.tolist(), reference)] == [r[:5] for r in reference]
 
 
 def test_knn_eval_accuracy_matches_brute_force():
     g = torch.Generator().manual_seed(2)
     train, train_labels = clustered(200, 10, 12, g, noise=2.5)
     test, test_labels = clustered(60, 10, 12, g, noise=2.5)
-    result = knn_eval(train, train_labels, test, test_labels, [10, 20, 100, 200], 0.07, 10, query_chunk=16,
-                      bank_chunk=64)
+    result = knn_eval(
+        train, train_labels, test, test_labels, [10, 20, 100, 200], 0.07, 10, query_chunk=16, bank_chunk=64
+    )
     for k in (10, 20, 100, 200):
         reference = brute_force_top(train, train_labels, test, k, 0.07, 10)
         top1 = 100.0 * sum(r[0] == int(t) for r, t in zip(reference, test_labels)) / len(test_labels)
@@ -116,7 +119,6 @@ def test_monitor_keeps_newest_rows_of_an_oversized_batch():
     monitor.update(feats, torch.tensor([0, 1, 0, 1, 0]))
     assert monitor.filled == 3
     assert sorted(monitor.labels.tolist()) == [0, 0, 1]
-
 
 
 def test_monitor_resumed_from_its_state_reports_what_the_original_does():

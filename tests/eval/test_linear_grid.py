@@ -19,14 +19,22 @@ def batches_of(split, size, epoch=0):
     feats, labels, keys = split
     order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(epoch))  # differs per epoch
     for start in range(0, len(keys) - size + 1, size):  # drops the tail, as the training loader does
-        rows = order[start:start + size]
+        rows = order[start : start + size]
         yield feats[rows], labels[rows], [keys[i] for i in rows]
 
 
 def probe(lrs, train, test, epochs=4, seed=3):
     heads = LinearHeads(12, 5, len(lrs), seed=seed)
-    result = run_probe(heads, lrs, epochs, lambda e: batches_of(train, 32, e), lambda: batches_of(train, 50),
-                       lambda: batches_of(test, 20), val_fraction=0.2, seed=seed)
+    result = run_probe(
+        heads,
+        lrs,
+        epochs,
+        lambda e: batches_of(train, 32, e),
+        lambda: batches_of(train, 50),
+        lambda: batches_of(test, 20),
+        val_fraction=0.2,
+        seed=seed,
+    )
     return heads, result
 
 

@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 
 from scale.errors import UserError
-from scale.eval.logreg import (average_precision_11point, compare, evaluate_dataset, parse_dataset_arg,
-                               read_reference, score, search_strength)
+from scale.eval.logreg import (
+    average_precision_11point,
+    compare,
+    evaluate_dataset,
+    parse_dataset_arg,
+    read_reference,
+    score,
+    search_strength,
+)
 
 
 @pytest.mark.parametrize("optimum", [-6.0, -2.625, 0.0, 1.375, 3.875, 6.0])
@@ -16,7 +23,7 @@ def test_search_finds_the_peak_of_the_96_step_grid(optimum):
 
     def val_score(strength):
         calls.append(strength)
-        return -(np.log10(strength) - optimum) ** 2
+        return -((np.log10(strength) - optimum) ** 2)
 
     best, tried = search_strength(val_score)
     assert np.log10(best) == pytest.approx(optimum)
@@ -88,8 +95,11 @@ def test_dataset_argument_rules(tmp_path):
         (tmp_path / "pets" / split).mkdir(parents=True)
     entry = parse_dataset_arg(f"pets={tmp_path / 'pets'}:mean_per_class")
     assert entry["name"] == "pets" and entry["metric"] == "mean_per_class"
-    assert entry["splits"] == {"train": str(tmp_path / "pets" / "train"), "test": str(tmp_path / "pets" / "val"),
-                               "val": None}  # val is the test split; validation is carved from train
+    assert entry["splits"] == {
+        "train": str(tmp_path / "pets" / "train"),
+        "test": str(tmp_path / "pets" / "val"),
+        "val": None,
+    }  # val is the test split; validation is carved from train
     (tmp_path / "pets" / "test").mkdir()
     assert parse_dataset_arg(str(tmp_path / "pets"))["splits"]["val"] == str(tmp_path / "pets" / "val")
     with pytest.raises(UserError, match="train/"):

@@ -77,8 +77,21 @@ def test_accuracy_counts_only_own_samples_top1_and_top5():
 def test_finetune_is_a_training_run_whose_val_top1_is_the_exported_models(data, tmp_path):
     root, recipe = data
     run_dir, out = tmp_path / "run", tmp_path / "finetune.json"
-    cmd = [sys.executable, "-m", "scale.cli", "eval", "finetune", recipe, "--random-init", "--nproc", "2",
-           "--run-dir", str(run_dir), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "scale.cli",
+        "eval",
+        "finetune",
+        recipe,
+        "--random-init",
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(cmd, env=clean_env(root), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -12,12 +12,13 @@ def recipes(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALE_RECIPES", str(tmp_path))
     (tmp_path / "_base").mkdir()
     (tmp_path / "_base" / "dino.yaml").write_text(
-        "meta: {paper: dino}\nmethod: {kind: dino}\ntrain: {epochs: 100, global_batch: 1024}\n"
-        "optim: {lr: 0.0005}\n")
+        "meta: {paper: dino}\nmethod: {kind: dino}\ntrain: {epochs: 100, global_batch: 1024}\noptim: {lr: 0.0005}\n"
+    )
     (tmp_path / "dino").mkdir()
     (tmp_path / "dino" / "vit_s16.yaml").write_text(
         "base: ../_base/dino.yaml\nmeta: {table: table2, row: ViT-S/16}\nmodel: {name: vit_small}\n"
-        "train: {epochs: 300}\n")
+        "train: {epochs: 300}\n"
+    )
     return tmp_path
 
 
@@ -36,8 +37,10 @@ def test_inheritance_by_recipe_name(recipes):
 
 
 def test_overrides_are_typed(recipes):
-    cfg = load_recipe("dino/vit_s16", ["train.epochs=5", "optim.lr=1e-3", "data.views.n_local=[2,4]",
-                                        "engine.kind=ddp", "train.max_steps=7"])
+    cfg = load_recipe(
+        "dino/vit_s16",
+        ["train.epochs=5", "optim.lr=1e-3", "data.views.n_local=[2,4]", "engine.kind=ddp", "train.max_steps=7"],
+    )
     assert cfg.train.epochs == 5 and isinstance(cfg.train.epochs, int)
     assert cfg.optim.lr == pytest.approx(1e-3)
     assert list(cfg.data.views.n_local) == [2, 4]
@@ -103,8 +106,18 @@ def test_cli_list_json_and_show(recipes, capsys):
 
     assert main(["recipes", "list", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert rows == [{"name": "dino/vit_s16", "paper": "dino", "table": "table2", "row": "ViT-S/16",
-                     "model": "vit_small", "method": "dino", "engine": "fsdp2", "global_batch": 1024,
-                     "epochs": 300}]
+    assert rows == [
+        {
+            "name": "dino/vit_s16",
+            "paper": "dino",
+            "table": "table2",
+            "row": "ViT-S/16",
+            "model": "vit_small",
+            "method": "dino",
+            "engine": "fsdp2",
+            "global_batch": 1024,
+            "epochs": 300,
+        }
+    ]
     assert main(["recipes", "show", "dino/vit_s16", "train.epochs=9"]) == 0
     assert "epochs: 9" in capsys.readouterr().out

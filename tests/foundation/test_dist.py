@@ -13,8 +13,11 @@ SHUTDOWN_WORKER = str(Path(__file__).with_name("shutdown_worker.py"))
 
 
 def _clean_env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))
+    }
     env["OMP_NUM_THREADS"] = "1"
     return env
 
@@ -26,8 +29,13 @@ def _results(outputs: list[str]) -> list[dict]:
 
 def _torchrun(script: str, *args: str) -> subprocess.CompletedProcess:
     torchrun = Path(sys.executable).with_name("torchrun")
-    return subprocess.run([str(torchrun), "--nproc_per_node=2", f"--master_port={free_port()}", script, *args],
-                          env=_clean_env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(torchrun), "--nproc_per_node=2", f"--master_port={free_port()}", script, *args],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_torchrun_two_gloo_processes_all_reduce():
@@ -43,26 +51,48 @@ def test_faked_slurm_two_processes_all_reduce():
     procs = []
     for rank in range(2):
         env = _clean_env()
-        env.update(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
-                   SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242", MASTER_PORT=str(free_port()) if rank == 0 else "")
+        env.update(
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_LOCALID=str(rank),
+            SLURM_JOB_NODELIST="localhost",
+            SLURM_JOB_ID="4242",
+            MASTER_PORT=str(free_port()) if rank == 0 else "",
+        )
         procs.append(env)
     procs[1]["MASTER_PORT"] = procs[0]["MASTER_PORT"]
-    running = [subprocess.Popen([sys.executable, WORKER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True) for env in procs]
+    running = [
+        subprocess.Popen([sys.executable, WORKER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for env in procs
+    ]
     outputs = [p.communicate(timeout=120) for p in running]
     assert all(p.returncode == 0 for p in running), [err for _, err in outputs]
     rows = _results([out for out, _ in outputs])
     assert [(r["rank"], r["local_rank"], r["launcher"], r["sum"]) for r in rows] == [
-        (0, 0, "slurm", 3.0), (1, 1, "slurm", 3.0)]
+        (0, 0, "slurm", 3.0),
+        (1, 1, "slurm", 3.0),
+    ]
 
 
 def test_detect_prefers_torchrun_then_slurm_then_single():
-    torchrun = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "1234",
-                "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+    torchrun = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "1234",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "1",
+    }
     info = detect(torchrun)
     assert (info.rank, info.world_size, info.local_rank, info.master_addr, info.launcher) == (3, 8, 1, "n1", "torchrun")
-    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "77",
-             "SLURM_JOB_NODELIST": "gpu[003-004]"}
+    slurm = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "16",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_ID": "77",
+        "SLURM_JOB_NODELIST": "gpu[003-004]",
+    }
     info = detect(slurm)
     assert (info.rank, info.world_size, info.local_rank, info.launcher) == (5, 16, 1, "slurm")
     assert info.master_addr == "gpu003" and info.master_port == 20077

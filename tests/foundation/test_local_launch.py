@@ -9,8 +9,10 @@ from scale.launch.local import _wait
 
 def rank(tmp_path, name: str, delay: float, status: int) -> subprocess.Popen:
     """A stand-in rank: after `delay` s it writes its name (its share of a checkpoint) and exits with `status`."""
-    code = (f"import time, pathlib; time.sleep({delay}); "
-            f"pathlib.Path({str(tmp_path / name)!r}).write_text('done'); raise SystemExit({status})")
+    code = (
+        f"import time, pathlib; time.sleep({delay}); "
+        f"pathlib.Path({str(tmp_path / name)!r}).write_text('done'); raise SystemExit({status})"
+    )
     return subprocess.Popen([sys.executable, "-c", code])
 
 

@@ -4,9 +4,8 @@ import math
 
 import torch
 
-from scale.methods.dino import (cross_entropy_pairs, entropy, mse_pairs, pair_mask, teacher_probs,
-                                updated_center)
 from scale.methods import esvit
+from scale.methods.dino import cross_entropy_pairs, entropy, mse_pairs, pair_mask, teacher_probs, updated_center
 from scale.methods.esvit import CenteredSoftmaxRows, match_tokens, region_loss_pairs, split_views
 from scale.methods.sinkhorn import sinkhorn_knopp
 
@@ -79,9 +78,13 @@ def test_mse_variant_matches_loop():
         for v in range(3):
             if v == iq:
                 continue
-            per_image = [sum((p - q) ** 2 for p, q in zip(targets[iq * 2 + b].tolist(),
-                                                           softmax_row((student[v * 2 + b] / 0.1).tolist())))
-                         for b in range(2)]
+            per_image = [
+                sum(
+                    (p - q) ** 2
+                    for p, q in zip(targets[iq * 2 + b].tolist(), softmax_row((student[v * 2 + b] / 0.1).tolist()))
+                )
+                for b in range(2)
+            ]
             total += sum(per_image) / 2
             pairs += 1
     assert abs(loss.item() - total / pairs) < 1e-6
@@ -140,8 +143,10 @@ def test_region_loss_matches_the_equation():
             total, ns = 0.0, s_tokens[v].shape[1]
             for b in range(batch):
                 for j in range(ns):
-                    sims = [torch.nn.functional.cosine_similarity(s_tokens[v][b, j], t_tokens[i][b, t], dim=0).item()
-                            for t in range(4)]
+                    sims = [
+                        torch.nn.functional.cosine_similarity(s_tokens[v][b, j], t_tokens[i][b, t], dim=0).item()
+                        for t in range(4)
+                    ]
                     best = max(range(4), key=lambda t: sims[t])
                     ls = log_softmax_row((s_region[v][b, j] / 0.1).tolist())
                     total += -sum(p * s for p, s in zip(t_probs[i][b, best].tolist(), ls))
@@ -177,8 +182,11 @@ def region_inputs(dtype):
 def test_region_loss_and_gradient_match_autograd(monkeypatch):
     monkeypatch.setattr(esvit, "chunk_rows", lambda classes: 3)  # chunks that cut across images and views
     # weighted by 2.5 in the total: a gradient formed for another weight (1.0) or for that one (2.5)
-    for dtype, tol, grad_weight in ((torch.float32, 1e-6, 1.0), (torch.float32, 1e-6, 2.5),
-                                    (torch.bfloat16, 1e-2, 2.5)):
+    for dtype, tol, grad_weight in (
+        (torch.float32, 1e-6, 1.0),
+        (torch.float32, 1e-6, 2.5),
+        (torch.bfloat16, 1e-2, 2.5),
+    ):
         tokens, region, probs = region_inputs(dtype)
         loss = region_loss_pairs(tokens, tokens[:2], flat(region), flat(probs), 0.1, grad_weight=grad_weight)
         grads = torch.autograd.grad(2.5 * loss, region)

@@ -14,7 +14,9 @@ def test_targets_for_known_pairs():
     # Eq. 1: (|i-p|/k, |j-h|/k)
     assert torch.allclose(targets(pos1, pos2, k, "l1"), torch.tensor([[[6 / 7, 6 / 7], [5 / 7, 3 / 7], [0, 0]]]))
     # the official code's raw offsets
-    assert torch.equal(targets(pos1, pos2, k, "l1", normalize=False), torch.tensor([[[6., 6.], [5., 3.], [0., 0.]]]))
+    assert torch.equal(
+        targets(pos1, pos2, k, "l1", normalize=False), torch.tensor([[[6.0, 6.0], [5.0, 3.0], [0.0, 0.0]]])
+    )
     # Eq. 3: signed, in [-1, 1]
     assert torch.allclose(targets(pos1, pos2, k, "signed"), torch.tensor([[[-6 / 7, -6 / 7], [5 / 7, -3 / 7], [0, 0]]]))
     # Eq. 4: classes c + k in [0, 2k]
@@ -47,8 +49,14 @@ def test_pooling_14_to_7():
 def test_l1_loss_matches_eq2():
     torch.manual_seed(0)
     pred, target = torch.randn(2, 3, 2), torch.rand(2, 3, 2)
-    expected = sum(abs(pred[b, n, 0] - target[b, n, 0]) + abs(pred[b, n, 1] - target[b, n, 1])
-                   for b in range(2) for n in range(3)) / 6
+    expected = (
+        sum(
+            abs(pred[b, n, 0] - target[b, n, 0]) + abs(pred[b, n, 1] - target[b, n, 1])
+            for b in range(2)
+            for n in range(3)
+        )
+        / 6
+    )
     assert torch.allclose(localization_loss(pred, target, 7, "l1"), expected)
 
 

@@ -19,19 +19,25 @@ def data():
 
 def single_process() -> dict:
     d = data()
-    return {"center": updated_center(torch.zeros(1, 5), d["teacher"], 0.9),
-            "moco": contrastive(d["q"], d["k"], 0.2),
-            "simclr": nt_xent(d["z1"], d["z2"], 0.5),
-            "sinkhorn": sinkhorn_knopp(d["scores"], 0.5, 3)}
+    return {
+        "center": updated_center(torch.zeros(1, 5), d["teacher"], 0.9),
+        "moco": contrastive(d["q"], d["k"], 0.2),
+        "simclr": nt_xent(d["z1"], d["z2"], 0.5),
+        "sinkhorn": sinkhorn_knopp(d["scores"], 0.5, 3),
+    }
 
 
 def two_rank_job() -> list[dict]:
     rank = dist.get_rank()
-    half = {name: t[rank * 4:(rank + 1) * 4] for name, t in data().items()}
-    return all_ranks({"center": updated_center(torch.zeros(1, 5), half["teacher"], 0.9),
-                      "moco": contrastive(half["q"], half["k"], 0.2),
-                      "simclr": nt_xent(half["z1"], half["z2"], 0.5),
-                      "sinkhorn": sinkhorn_knopp(half["scores"], 0.5, 3)})
+    half = {name: t[rank * 4 : (rank + 1) * 4] for name, t in data().items()}
+    return all_ranks(
+        {
+            "center": updated_center(torch.zeros(1, 5), half["teacher"], 0.9),
+            "moco": contrastive(half["q"], half["k"], 0.2),
+            "simclr": nt_xent(half["z1"], half["z2"], 0.5),
+            "sinkhorn": sinkhorn_knopp(half["scores"], 0.5, 3),
+        }
+    )
 
 
 def test_two_ranks_equal_one_process(tmp_path):

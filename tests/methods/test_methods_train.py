@@ -67,8 +67,7 @@ def train(method, batch: Batch | list[Batch], steps: int, lr: float = 1e-3) -> l
     optimizer = torch.optim.AdamW([p for _, p in params], lr=lr, weight_decay=0.0)
     losses = []
     for step in range(steps):
-        ctx = StepContext(step=step, epoch=step // STEPS_PER_EPOCH, steps_per_epoch=STEPS_PER_EPOCH,
-                          total_steps=steps)
+        ctx = StepContext(step=step, epoch=step // STEPS_PER_EPOCH, steps_per_epoch=STEPS_PER_EPOCH, total_steps=steps)
         loss, metrics = method.loss(batches[step % len(batches)], ctx)
         assert torch.isfinite(loss) and metrics["loss"] == pytest.approx(loss.item())
         optimizer.zero_grad(set_to_none=True)
@@ -108,8 +107,12 @@ def test_dino_trains_with_multicrop():
 
 
 def test_dino_schedules_and_frozen_last_layer():
-    cfg = recipe("dino", method__dino__freeze_last_layer=1, method__dino__warmup_teacher_temp_epochs=5,
-                 method__dino__teacher_temp=0.07)
+    cfg = recipe(
+        "dino",
+        method__dino__freeze_last_layer=1,
+        method__dino__warmup_teacher_temp_epochs=5,
+        method__dino__teacher_temp=0.07,
+    )
     method = build(cfg, total_steps=10 * STEPS_PER_EPOCH)
     ctx0 = StepContext(0, 0, STEPS_PER_EPOCH, 10 * STEPS_PER_EPOCH)
     later = StepContext(STEPS_PER_EPOCH * 6, 6, STEPS_PER_EPOCH, 10 * STEPS_PER_EPOCH)
@@ -123,11 +126,14 @@ def test_dino_schedules_and_frozen_last_layer():
     assert torch.equal(before, method.student.head.last_layer.weight_v)
 
 
-@pytest.mark.parametrize("option", [
-    {"method__dino__teacher": "copy", "method__dino__centering": "sinkhorn"},  # Table 7 row 9 style
-    {"method__dino__loss": "mse"},
-    {"method__dino__predictor": True},
-])
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"method__dino__teacher": "copy", "method__dino__centering": "sinkhorn"},  # Table 7 row 9 style
+        {"method__dino__loss": "mse"},
+        {"method__dino__predictor": True},
+    ],
+)
 def test_dino_table7_variants_train(option):
     method = build(recipe("dino", **option))
     losses = train(method, make_batch(locals_=((2, 16),)), 8)
@@ -205,8 +211,13 @@ def test_mocov2_trains_against_a_queue_of_other_images_keys():
     """Two batches of different images in turn and a queue of one step's keys (2 views x 8 images), so that each
     step's negatives are the other batch's keys (with one batch, a queue holds the positives' own earlier keys). In
     fp32 nothing casts the queue: backward needs it as it was when the logits were computed."""
-    cfg = recipe("mocov3", method__moco__variant="mocov2", method__moco__queue_size=16,
-                 method__moco__momentum=0.999, method__moco__momentum_cosine=False)
+    cfg = recipe(
+        "mocov3",
+        method__moco__variant="mocov2",
+        method__moco__queue_size=16,
+        method__moco__momentum=0.999,
+        method__moco__momentum_cosine=False,
+    )
     method = build(cfg)
     names = set(dict(method.teacher.named_parameters()))
     assert names == set(dict(method.student.named_parameters()))  # no predictor: the encoders match
@@ -275,12 +286,15 @@ def test_supervised_trains_and_mixup_runs():
         mixed.loss(bad, StepContext(0, 0, STEPS_PER_EPOCH, 1000))
 
 
-@pytest.mark.parametrize("options", [
-    {},
-    {"method__drloc__mode": "ce"},
-    {"method__drloc__mode": "gaussian", "method__drloc__exhaustive": True},
-    {"method__drloc__every_block": True, "method__drloc__mode": "signed"},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"method__drloc__mode": "ce"},
+        {"method__drloc__mode": "gaussian", "method__drloc__exhaustive": True},
+        {"method__drloc__every_block": True, "method__drloc__mode": "signed"},
+    ],
+)
 def test_drloc_trains_on_swin(options):
     base = {"method__supervised__mixup": 0.0, "method__supervised__cutmix": 0.0}
     method = build(recipe("drloc", model="swin_nano", model__img_size=64, **base, **options))
@@ -294,8 +308,15 @@ def test_drloc_trains_on_swin(options):
 
 
 def test_drloc_on_vit_pools_the_grid():
-    method = build(recipe("drloc", model__img_size=64, method__drloc__grid=2, method__supervised__mixup=0.0,
-                          method__supervised__cutmix=0.0))
+    method = build(
+        recipe(
+            "drloc",
+            model__img_size=64,
+            method__drloc__grid=2,
+            method__supervised__mixup=0.0,
+            method__supervised__cutmix=0.0,
+        )
+    )
     out = method.student(make_batch(n_global=1, global_size=64).crops[0], drloc_sampler=method.sampler)
     pos1, pos2, k = out["drloc_positions"][0]
     assert k == 2 and out["drloc"][0].shape == (8, 64, 2)

@@ -25,8 +25,7 @@ def test_dino_head_shapes_bottleneck_and_weight_norm():
 
 
 def test_dino_head_options():
-    head = DinoHead(8, out_dim=10, hidden_dim=12, bottleneck_dim=6, use_bn=True, norm_last_layer=False,
-                    predictor=True)
+    head = DinoHead(8, out_dim=10, hidden_dim=12, bottleneck_dim=6, use_bn=True, norm_last_layer=False, predictor=True)
     assert head.last_layer.weight_g.requires_grad
     assert sum(isinstance(m, nn.BatchNorm1d) for m in head.mlp) == 2
     assert head.predictor is not None and head(torch.randn(4, 8)).shape == (4, 10)

@@ -39,8 +39,10 @@ def reference_windowed(attn: ConvAttention, x: torch.Tensor, grid, window: int) 
     per axis) with the Swin bias of the in-window offset."""
     batch, tokens, dim = x.shape
     fmap = x.transpose(1, 2).reshape(batch, dim, *grid)
-    q, k, v = (lin(conv(fmap).flatten(2).transpose(1, 2)) for conv, lin in
-               ((attn.conv_q, attn.q), (attn.conv_k, attn.k), (attn.conv_v, attn.v)))
+    q, k, v = (
+        lin(conv(fmap).flatten(2).transpose(1, 2))
+        for conv, lin in ((attn.conv_q, attn.q), (attn.conv_k, attn.k), (attn.conv_v, attn.v))
+    )
     rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
     rows, cols = rows.flatten(), cols.flatten()
     same = (rows[:, None] // window == rows[None] // window) & (cols[:, None] // window == cols[None] // window)
@@ -51,6 +53,7 @@ def reference_windowed(attn: ConvAttention, x: torch.Tensor, grid, window: int) 
 
     def split(t):
         return t.reshape(batch, tokens, heads, -1).transpose(1, 2)
+
     logits = (split(q) @ split(k).transpose(-2, -1)) * attn.scale + bias
     out = logits.masked_fill(~same, float("-inf")).softmax(-1) @ split(v)
     return attn.proj(out.transpose(1, 2).reshape(batch, tokens, dim))

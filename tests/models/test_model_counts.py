@@ -14,19 +14,37 @@ def meta(spec: str):
 
 
 # backbone only (no heads, no classifier); MoCo v3 Table 2 / DINO / Swin / torchvision ResNet-50 without fc
-@pytest.mark.parametrize("spec,millions", [
-    ("vit_small", 21.7), ("vit_small/h12", 21.7), ("vit_base", 85.8), ("vit_large", 303.3), ("vit_huge", 630.8),
-    ("resnet50", 23.5), ("swin_tiny", 28.0), ("swin_small", 49.0), ("swin_base", 87.0),
-    ("swin_tiny/w14", 28.0), ("swin_base/w14", 87.0),
-])
+@pytest.mark.parametrize(
+    "spec,millions",
+    [
+        ("vit_small", 21.7),
+        ("vit_small/h12", 21.7),
+        ("vit_base", 85.8),
+        ("vit_large", 303.3),
+        ("vit_huge", 630.8),
+        ("resnet50", 23.5),
+        ("swin_tiny", 28.0),
+        ("swin_small", 49.0),
+        ("swin_base", 87.0),
+        ("swin_tiny/w14", 28.0),
+        ("swin_base/w14", 87.0),
+    ],
+)
 def test_parameter_counts(spec, millions):
     assert count_params(meta(spec)) / 1e6 == pytest.approx(millions, rel=0.02)
 
 
 # MoCo v3 Table 3: multiply-adds per 224 crop
-@pytest.mark.parametrize("spec,giga", [
-    ("vit_small", 4.6), ("vit_base", 17.5), ("vit_large", 61.3), ("vit_huge", 166.7), ("resnet50", 4.1),
-])
+@pytest.mark.parametrize(
+    "spec,giga",
+    [
+        ("vit_small", 4.6),
+        ("vit_base", 17.5),
+        ("vit_large", 61.3),
+        ("vit_huge", 166.7),
+        ("resnet50", 4.1),
+    ],
+)
 def test_macs_per_224_crop(spec, giga):
     model = meta(spec)
     assert all(p.is_meta for p in model.parameters())

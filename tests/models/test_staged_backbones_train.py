@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.distributed._composable import checkpoint
 
+from scale.methods.base import StepContext
 from scale.models import build_backbone, init_weights
 from scale.models.config import ModelConfig
-from scale.methods.base import StepContext
 from tests.methods.test_methods_train import STEPS_PER_EPOCH, assert_goes_down, build, make_batch, recipe, train
 
 NANO = ["cvt_nano", "cvt_nano_w", "pvt_nano", "vil_nano", "t2t_vit_nano"]

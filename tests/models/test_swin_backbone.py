@@ -17,8 +17,16 @@ def nano(window_size: int):
 def timm_twin(model, window_size: int) -> SwinTransformer:
     embed_dim, depths, heads = SIZES["nano"]
     windows = (window_size,) * 3 + (7,)
-    reference = SwinTransformer(img_size=224, patch_size=4, num_classes=0, embed_dim=embed_dim, depths=depths,
-                                num_heads=heads, window_size=windows, drop_path_rate=0.0).eval()
+    reference = SwinTransformer(
+        img_size=224,
+        patch_size=4,
+        num_classes=0,
+        embed_dim=embed_dim,
+        depths=depths,
+        num_heads=heads,
+        window_size=windows,
+        drop_path_rate=0.0,
+    ).eval()
     reference.load_state_dict(model.state_dict())
     return reference
 
@@ -38,8 +46,12 @@ def test_224_equals_timm_swin_with_same_weights(window_size):
 
 def test_mask_equals_swin_mask_on_whole_windows():
     # Swin's 3-slice mask on a 56x56 map with window 7, shift 3, as timm builds it at construction
-    reference = SwinTransformer(img_size=224, embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8),
-                                num_classes=0).layers[0].blocks[1].attn_mask
+    reference = (
+        SwinTransformer(img_size=224, embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), num_classes=0)
+        .layers[0]
+        .blocks[1]
+        .attn_mask
+    )
     torch.testing.assert_close(shifted_window_mask((56, 56), (7, 7), (3, 3)), reference)
 
 

@@ -26,7 +26,7 @@ def test_vil_tiny_matches_esvit_tables_4_and_6():
 
 def reference_longformer(attn: LongformerAttention, x: torch.Tensor, grid) -> torch.Tensor:
     batch, tokens, dim = x.shape
-    heads, w, prefix = attn.num_heads, attn.window, attn.prefix
+    heads, w = attn.num_heads, attn.window
     q = attn.q(x).reshape(batch, tokens, heads, -1).transpose(1, 2)
     k, v = attn.kv(x).reshape(batch, tokens, 2, heads, -1).permute(2, 0, 3, 1, 4)
     rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
@@ -38,8 +38,13 @@ def reference_longformer(attn: LongformerAttention, x: torch.Tensor, grid) -> to
     local = local.masked_fill(~near, float("-inf"))
     g2l, g2g = attn.g2l_relative_position_bias, attn.g2g_relative_position_bias
     n = grid[0] * grid[1]
-    bias = torch.cat([torch.cat([g2g, g2l[0][:, :, None].expand(-1, -1, n)], dim=2),
-                      torch.cat([g2l[1][:, None].expand(-1, n, -1), local], dim=2)], dim=1)
+    bias = torch.cat(
+        [
+            torch.cat([g2g, g2l[0][:, :, None].expand(-1, -1, n)], dim=2),
+            torch.cat([g2l[1][:, None].expand(-1, n, -1), local], dim=2),
+        ],
+        dim=1,
+    )
     out = ((q @ k.transpose(-2, -1)) * attn.scale + bias).softmax(-1) @ v
     return attn.proj(out.transpose(1, 2).reshape(batch, tokens, dim))
 

@@ -32,8 +32,10 @@ def smoke_params() -> list:
         key = smoke_key(cfg)
         name = recipe_name(path)
         if key in seen:
-            marks = [pytest.mark.slow_recipes,
-                     pytest.mark.skipif(not run_all, reason=f"set {ALL_RECIPES_ENV}=1 to smoke-run every recipe")]
+            marks = [
+                pytest.mark.slow_recipes,
+                pytest.mark.skipif(not run_all, reason=f"set {ALL_RECIPES_ENV}=1 to smoke-run every recipe"),
+            ]
             params.append(pytest.param(name, marks=marks, id=name))
         else:
             seen.add(key)

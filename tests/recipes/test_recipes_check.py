@@ -21,14 +21,23 @@ def test_recipe_passes_or_names_what_is_missing(name):
         assert result.message.startswith("needs ") and all(piece in result.message for piece in result.missing)
 
 
-@pytest.mark.parametrize("ours, reported, ok", [
-    (21.67, 21, True),  # DINO quotes ViT-S/16 rounded down
-    (21.67, 22, True),  # MoCo v3 rounded up
-    (21.67, 23, False),
-    (85.80, 85, True), (85.80, 86, True), (85.80, 87, False),
-    (27.52, 28, True), (27.52, 27, True), (27.52, 29, False),
-    (23.51, 23.5, True), (23.51, 23.6, True), (23.51, 23.4, False),
-])
+@pytest.mark.parametrize(
+    "ours, reported, ok",
+    [
+        (21.67, 21, True),  # DINO quotes ViT-S/16 rounded down
+        (21.67, 22, True),  # MoCo v3 rounded up
+        (21.67, 23, False),
+        (85.80, 85, True),
+        (85.80, 86, True),
+        (85.80, 87, False),
+        (27.52, 28, True),
+        (27.52, 27, True),
+        (27.52, 29, False),
+        (23.51, 23.5, True),
+        (23.51, 23.6, True),
+        (23.51, 23.4, False),
+    ],
+)
 def test_within_rounding(ours, reported, ok):
     assert within_rounding(ours, reported) is ok
 
@@ -46,8 +55,9 @@ def test_wrong_param_count_fails_naming_the_key(tmp_path):
 
 
 def test_missing_backbone_and_missing_note_are_named(tmp_path):
-    path = _recipe(tmp_path, "net", "meta: {notes: 'missing: train.init_weights (fine-tune)'}\n"
-                                    "model: {name: no_such_net}\n")
+    path = _recipe(
+        tmp_path, "net", "meta: {notes: 'missing: train.init_weights (fine-tune)'}\nmodel: {name: no_such_net}\n"
+    )
     result = check_recipe(path)
     assert not result.ok
     assert "backbone 'no_such_net'" in result.message and "train.init_weights (fine-tune)" in result.message
@@ -73,6 +83,7 @@ def test_check_command_exits_1_listing_failures(tmp_path, monkeypatch, capsys):
 def test_readme_lists_every_paper_recipe():
     readme = (recipes_dir() / "README.md").read_text()
     papers = [name for name in RECIPES if name.split("/")[0] in ("dino", "mocov3", "esvit", "drloc")]
-    missing = [name for name in papers if f"| {name.split('/')[1]} |" not in readme or
-               f"`{name.split('/')[-1]}`" not in readme]
+    missing = [
+        name for name in papers if f"| {name.split('/')[1]} |" not in readme or f"`{name.split('/')[-1]}`" not in readme
+    ]
     assert not missing, f"recipes/README.md does not list {missing[:5]}"

@@ -9,7 +9,6 @@ from scale.config.load import from_dict
 from scale.errors import UserError
 from scale.recipes.check import missing_pieces
 from scale.recipes.smoke import PER_RANK_BATCH, RANKS, smoke_overrides, smoke_run, tiny_model_name
-
 from tests.recipes.conftest import smoke_params
 
 RECIPES = [recipe_name(p) for p in list_recipes()]
@@ -26,11 +25,29 @@ def test_smoke_shrink_keeps_code_path(name, tmp_path):
     small = smoke_overrides(cfg, tmp_path)
     assert OmegaConf.to_yaml(cfg) == before  # the input is not changed
     assert small.model.name == tiny_model_name(cfg.model.name)
-    for key in ("method.kind", "method.moco.variant", "method.dino.teacher", "method.dino.centering",
-                "method.dino.loss", "method.dino.predictor", "method.moco.bn_in_heads", "method.moco.pred_layers",
-                "method.drloc.mode", "method.drloc.every_block", "method.drloc.exhaustive", "model.pos_embed",
-                "model.pooling", "model.final_norm", "model.frozen_patch_embed", "model.window_size",
-                "model.bn_mlp", "engine.kind", "engine.activation_checkpointing", "data.views.kind", "optim.name"):
+    for key in (
+        "method.kind",
+        "method.moco.variant",
+        "method.dino.teacher",
+        "method.dino.centering",
+        "method.dino.loss",
+        "method.dino.predictor",
+        "method.moco.bn_in_heads",
+        "method.moco.pred_layers",
+        "method.drloc.mode",
+        "method.drloc.every_block",
+        "method.drloc.exhaustive",
+        "model.pos_embed",
+        "model.pooling",
+        "model.final_norm",
+        "model.frozen_patch_embed",
+        "model.window_size",
+        "model.bn_mlp",
+        "engine.kind",
+        "engine.activation_checkpointing",
+        "data.views.kind",
+        "optim.name",
+    ):
         assert OmegaConf.select(small, key) == OmegaConf.select(cfg, key), key
     assert [n > 0 for n in small.data.views.n_local] == [n > 0 for n in cfg.data.views.n_local]
     assert (small.method.dino.region_from_epoch > 0) == (cfg.method.dino.region_from_epoch > 0)

@@ -27,8 +27,11 @@ def slurm_cluster() -> None:
     except subprocess.TimeoutExpired:
         pytest.fail(f"{START} did not finish within 15 minutes", pytrace=False)
     if out.returncode == 10:
-        _unavailable(f"cannot install slurm-wlm and munge with apt-get (is the Debian archive reachable?):\n"
-                     f"{out.stdout[-2000:]}{out.stderr[-2000:]}")
+        _unavailable(
+            f"cannot install slurm-wlm and munge with apt-get (is the Debian archive reachable?):\n"
+            f"{out.stdout[-2000:]}{out.stderr[-2000:]}"
+        )
     if out.returncode != 0:
-        pytest.fail(f"{START} failed (status {out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-2000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"{START} failed (status {out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-2000:]}", pytrace=False
+        )

@@ -61,8 +61,10 @@ def recipe(tmp_path) -> Path:
 def test_batch_job_and_two_task_step(tmp_path):
     script = tmp_path / "hello.sbatch"
     out = tmp_path / "hello.out"
-    script.write_text(f"#!/bin/bash\n#SBATCH --ntasks=2\n#SBATCH --output={out}\nhostname\n"
-                      "srun bash -c 'echo task $SLURM_PROCID of $SLURM_NTASKS'\n")
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH --ntasks=2\n#SBATCH --output={out}\nhostname\n"
+        "srun bash -c 'echo task $SLURM_PROCID of $SLURM_NTASKS'\n"
+    )
     done = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = out.read_text().splitlines()
@@ -87,10 +89,21 @@ def test_preemption_signal_requeues_into_the_same_run_directory(recipe, tmp_path
     assert info["jobstate"] == "COMPLETED", job_logs(job.run_dir)
     assert info["restarts"] == "1"
     starts = sorted(json.loads(line) for line in (job.run_dir / "starts").read_text().splitlines())
-    assert [s[:4] for s in starts] == [["0", "0", "2", "localhost"], ["0", "1", "2", "localhost"],
-                                       ["1", "0", "2", "localhost"], ["1", "1", "2", "localhost"]]
-    assert starts[0][4:] == ["-m", "scale.cli", "train", str(recipe), "train.max_steps=3", "--run-dir",
-                                     str(job.run_dir)]
+    assert [s[:4] for s in starts] == [
+        ["0", "0", "2", "localhost"],
+        ["0", "1", "2", "localhost"],
+        ["1", "0", "2", "localhost"],
+        ["1", "1", "2", "localhost"],
+    ]
+    assert starts[0][4:] == [
+        "-m",
+        "scale.cli",
+        "train",
+        str(recipe),
+        "train.max_steps=3",
+        "--run-dir",
+        str(job.run_dir),
+    ]
     log = (job.run_dir / f"slurm-{job_id}.out").read_text()
     assert "(restart 0)" in log and "(restart 1)" in log  # appended across the requeue, not truncated
     assert f"requeued job {job_id}" in (job.run_dir / f"slurm-{job_id}.err").read_text()

@@ -15,7 +15,7 @@ from scale.cli import main as cli
 from scale.errors import PREEMPTED_EXIT_CODE, UserError
 from scale.launch import slurm
 
-EVIL = "meta.notes=it's $(touch PWNED) `touch PWNED` \"quoted\" ; rm -rf / #"
+EVIL = 'meta.notes=it\'s $(touch PWNED) `touch PWNED` "quoted" ; rm -rf / #'
 
 FAKE_SRUN = """#!{python}
 # stands in for srun: records its argv and environment, then behaves as FAKE_SRUN_MODE says: exit:N, preempted
@@ -71,15 +71,22 @@ def fake_slurm(tmp_path) -> dict:
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NCCL_", "TORCH_NCCL_"))}
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", FAKE_SRUN_LOG=str(tmp_path / "srun.json"),
-               FAKE_SCONTROL_LOG=str(tmp_path / "scontrol.log"), SLURM_JOB_ID="4321",
-               SLURM_JOB_NODELIST="node[017-018]", SLURM_NTASKS="8", OMP_NUM_THREADS="7")
+    env.update(
+        PATH=f"{bin_dir}:{env['PATH']}",
+        FAKE_SRUN_LOG=str(tmp_path / "srun.json"),
+        FAKE_SCONTROL_LOG=str(tmp_path / "scontrol.log"),
+        SLURM_JOB_ID="4321",
+        SLURM_JOB_NODELIST="node[017-018]",
+        SLURM_NTASKS="8",
+        OMP_NUM_THREADS="7",
+    )
     return env
 
 
 def run_script(script: Path, env: dict, cwd: Path, **extra) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(script)], env={**env, **extra}, cwd=cwd, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        ["bash", str(script)], env={**env, **extra}, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
 
 
 def srun_call(env: dict) -> dict:
@@ -104,20 +111,23 @@ def test_time_formats():
             slurm.time_seconds(bad)
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(nodes=0), "--nodes 0"),
-    (dict(gpus_per_node=-1), "--gpus-per-node -1"),
-    (dict(tasks_per_node=0), "--tasks-per-node 0"),
-    (dict(gpus_per_node=4, tasks_per_node=2), "one task per GPU"),
-    (dict(cpus_per_task=0), "--cpus-per-task 0"),
-    (dict(time="2 hours"), "--time '2 hours'"),
-    (dict(time="1:30"), "not longer than the preemption signal lead"),
-    (dict(time="0"), "not longer than the preemption signal lead"),
-    (dict(mem="lots"), "--mem 'lots'"),
-    (dict(account='a"; rm -rf /'), "--account"),
-    (dict(qos="normal\n#SBATCH --nodes=99"), "--qos"),
-    (dict(job_name=""), "--job-name"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(nodes=0), "--nodes 0"),
+        (dict(gpus_per_node=-1), "--gpus-per-node -1"),
+        (dict(tasks_per_node=0), "--tasks-per-node 0"),
+        (dict(gpus_per_node=4, tasks_per_node=2), "one task per GPU"),
+        (dict(cpus_per_task=0), "--cpus-per-task 0"),
+        (dict(time="2 hours"), "--time '2 hours'"),
+        (dict(time="1:30"), "not longer than the preemption signal lead"),
+        (dict(time="0"), "not longer than the preemption signal lead"),
+        (dict(mem="lots"), "--mem 'lots'"),
+        (dict(account='a"; rm -rf /'), "--account"),
+        (dict(qos="normal\n#SBATCH --nodes=99"), "--qos"),
+        (dict(job_name=""), "--job-name"),
+    ],
+)
 def test_invalid_options_fail_before_anything_is_written(recipe, tmp_path, options, message):
     run_dir = tmp_path / "run"
     with pytest.raises(UserError, match=message.replace("(", r"\(")):
@@ -141,8 +151,22 @@ def test_bad_recipe_override_and_run_dir_fail_with_their_names(recipe, tmp_path)
 
 def test_dry_run_renders_a_cpu_job_and_submits_nothing(recipe, tmp_path, capsys):
     run_dir = tmp_path / "run dir"
-    assert cli(["submit", str(recipe), "--run-dir", str(run_dir), "--tasks-per-node", "2", "--time", "1:00:00",
-                "--dry-run"]) == 0
+    assert (
+        cli(
+            [
+                "submit",
+                str(recipe),
+                "--run-dir",
+                str(run_dir),
+                "--tasks-per-node",
+                "2",
+                "--time",
+                "1:00:00",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     script = run_dir / slurm.SCRIPT_NAME
     text = script.read_text()
     assert capsys.readouterr().out.startswith(text)
@@ -164,13 +188,31 @@ def test_dry_run_renders_a_cpu_job_and_submits_nothing(recipe, tmp_path, capsys)
 
 def test_gpu_job_runs_one_task_per_gpu_with_nccl_defaults(recipe, tmp_path, monkeypatch):
     monkeypatch.setattr(slurm, "partitions", lambda: None)  # as on a machine without Slurm
-    options = slurm.SlurmOptions(nodes=64, gpus_per_node=8, partition="gpu", account="proj 1", qos="high",
-                                 constraint="a100&ib", cpus_per_task=10, mem="0", time="2-00:00:00")
+    options = slurm.SlurmOptions(
+        nodes=64,
+        gpus_per_node=8,
+        partition="gpu",
+        account="proj 1",
+        qos="high",
+        constraint="a100&ib",
+        cpus_per_task=10,
+        mem="0",
+        time="2-00:00:00",
+    )
     job = slurm.plan(str(recipe), [], tmp_path / "run", options)
     text = slurm.render(job)
-    for line in ("--nodes=64", "--ntasks-per-node=8", "--gpus-per-node=8", "--partition=gpu",
-                 '--account="proj 1"', "--qos=high", "--constraint=a100&ib", "--cpus-per-task=10", "--mem=0",
-                 "--time=2-00:00:00"):
+    for line in (
+        "--nodes=64",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        '--account="proj 1"',
+        "--qos=high",
+        "--constraint=a100&ib",
+        "--cpus-per-task=10",
+        "--mem=0",
+        "--time=2-00:00:00",
+    ):
         assert f"#SBATCH {line}\n" in text
     assert "NCCL_DEBUG=${NCCL_DEBUG:-WARN}" in text
     assert "srun --kill-on-bad-exit=1 --cpus-per-task=10 " in text
@@ -184,11 +226,21 @@ def test_quoting_the_tasks_get_exactly_the_recipe_overrides_and_run_dir(recipe, 
     out = run_script(script, fake_slurm, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     call = srun_call(fake_slurm)
-    assert call["argv"] == ["--kill-on-bad-exit=1", sys.executable, "-m", "scale.cli", "train", str(recipe),
-                            *overrides, "--run-dir", str(run_dir)]
+    assert call["argv"] == [
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        "-m",
+        "scale.cli",
+        "train",
+        str(recipe),
+        *overrides,
+        "--run-dir",
+        str(run_dir),
+    ]
     assert not (tmp_path / "PWNED").exists()
     # rendezvous on the first node, port from the job id as scale.engine.dist.slurm_port computes it
     from scale.engine.dist import slurm_port
+
     assert call["env"]["MASTER_ADDR"] == "node017"
     assert call["env"]["MASTER_PORT"] == str(slurm_port("4321"))
     assert call["env"]["NCCL_DEBUG"] == "WARN"
@@ -232,8 +284,14 @@ def test_failed_requeue_and_other_failures_keep_their_status(recipe, tmp_path, f
 
 
 def _start_waiting_job(script: Path, env: dict, cwd: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(["bash", str(script)], env={**env, "FAKE_SRUN_MODE": "wait"}, cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        env={**env, "FAKE_SRUN_MODE": "wait"},
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ready = Path(env["FAKE_SRUN_LOG"] + ".ready")
     deadline = time.monotonic() + 30
     while not ready.exists():
@@ -252,8 +310,9 @@ def test_usr1_to_the_batch_shell_is_relayed_to_the_tasks(recipe, tmp_path, fake_
     assert "requeue 4321" in scontrol_calls(fake_slurm)
 
 
-def test_sigterm_keeps_the_batch_shell_alive_until_the_tasks_checkpoint_and_is_not_requeued(recipe, tmp_path,
-                                                                                            fake_slurm):
+def test_sigterm_keeps_the_batch_shell_alive_until_the_tasks_checkpoint_and_is_not_requeued(
+    recipe, tmp_path, fake_slurm
+):
     """scancel sends SIGTERM to the batch shell and to the tasks: the shell outlives the tasks, and a run that was
     told to terminate stays stopped (Slurm itself requeues jobs it preempts with PreemptMode=REQUEUE)."""
     script = slurm.write(slurm.plan(str(recipe), [], tmp_path / "run", slurm.SlurmOptions()))
@@ -284,9 +343,12 @@ def test_sweep_is_one_array_task_and_run_directory_per_override_set(recipe, tmp_
     script = slurm.write(job)
     text = script.read_text()
     assert "#SBATCH --array=0-2\n" in text
-    assert f'#SBATCH --output={tmp_path}/sweep/task_%3a/slurm-%A_%a.out\n' in text
-    expected = [["optim.lr=0.001", "meta.notes=it's a \"test\""], ["optim.lr=0.002", "meta.notes=a b"],
-                ["optim.lr=0.003", 'meta.notes="1e-3"']]
+    assert f"#SBATCH --output={tmp_path}/sweep/task_%3a/slurm-%A_%a.out\n" in text
+    expected = [
+        ["optim.lr=0.001", 'meta.notes=it\'s a "test"'],
+        ["optim.lr=0.002", "meta.notes=a b"],
+        ["optim.lr=0.003", 'meta.notes="1e-3"'],
+    ]
     for index, extra in enumerate(expected):
         task_dir = tmp_path / "sweep" / f"task_{index:03d}"
         assert task_dir.is_dir()  # Slurm opens the task's stdout there before the script starts
@@ -295,18 +357,22 @@ def test_sweep_is_one_array_task_and_run_directory_per_override_set(recipe, tmp_
         assert srun_call(fake_slurm)["argv"][6:] == ["train.max_steps=5", *extra, "--run-dir", str(task_dir)]
     # each override set reads back with the intended types
     from scale.config import load_recipe
+
     assert load_recipe(str(recipe), expected[2]).meta.notes == "1e-3"
-    assert load_recipe(str(recipe), expected[0]).meta.notes == "it's a \"test\""
+    assert load_recipe(str(recipe), expected[0]).meta.notes == 'it\'s a "test"'
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{optim.lr: 0.1}", "expected a non-empty YAML list"),
-    ("[]", "expected a non-empty YAML list"),
-    ("- 3", "entry 0 must be a mapping"),
-    ("- {optim.lr: 0.1}\n- {optim.lrr: 0.2}", "entry 1: command line: unknown key 'optim.lrr'"),
-    ("- [a b]", "entry 0: bad override 'a b'"),
-    ("- [", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{optim.lr: 0.1}", "expected a non-empty YAML list"),
+        ("[]", "expected a non-empty YAML list"),
+        ("- 3", "entry 0 must be a mapping"),
+        ("- {optim.lr: 0.1}\n- {optim.lrr: 0.2}", "entry 1: command line: unknown key 'optim.lrr'"),
+        ("- [a b]", "entry 0: bad override 'a b'"),
+        ("- [", "not valid YAML"),
+    ],
+)
 def test_bad_sweep_files_name_the_file_and_entry(recipe, tmp_path, content, message):
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(content)

@@ -14,12 +14,16 @@ from scale.launch.status import last_checkpoint, run_status
 
 def write_run(root: Path, steps_times: list[tuple[int, float]], max_steps: int | None = 30) -> Path:
     root.mkdir(parents=True)
-    (root / "config.yaml").write_text(f"train:\n  epochs: 100\n  global_batch: 8\n  max_steps: "
-                                      f"{'null' if max_steps is None else max_steps}\n  samples_per_epoch: null\n")
+    (root / "config.yaml").write_text(
+        f"train:\n  epochs: 100\n  global_batch: 8\n  max_steps: "
+        f"{'null' if max_steps is None else max_steps}\n  samples_per_epoch: null\n"
+    )
     with open(root / "metrics.jsonl", "w") as f:
         for step, t in steps_times:
-            f.write(json.dumps({"step": step, "time": t, "loss": 10.0 / step, "epoch": step // 10,
-                                "images_per_s": 16.0}) + "\n")
+            f.write(
+                json.dumps({"step": step, "time": t, "loss": 10.0 / step, "epoch": step // 10, "images_per_s": 16.0})
+                + "\n"
+            )
     return root
 
 
@@ -96,16 +100,33 @@ def test_slurm_state_from_scontrol_then_sacct(tmp_path, monkeypatch):
     (run / slurm.JOB_RECORD).write_text(json.dumps({"job_id": "77"}))
     bin_dir = tmp_path / "bin"
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    fake_tool(bin_dir, "scontrol", 'echo "JobId=$4 JobName=a b JobState=RUNNING Reason=None Restarts=2 '
-                                   'RunTime=00:01:40 TimeLimit=01:00:00 ExitCode=0:0 NodeList=node[1-2]"\n')
+    fake_tool(
+        bin_dir,
+        "scontrol",
+        'echo "JobId=$4 JobName=a b JobState=RUNNING Reason=None Restarts=2 '
+        'RunTime=00:01:40 TimeLimit=01:00:00 ExitCode=0:0 NodeList=node[1-2]"\n',
+    )
     fake_tool(bin_dir, "sacct", "exit 1\n")
     state = run_status(run).slurm
-    assert state == {"source": "scontrol", "jobstate": "RUNNING", "reason": "None", "restarts": "2",
-                     "runtime": "00:01:40", "timelimit": "01:00:00", "exitcode": "0:0", "nodelist": "node[1-2]"}
+    assert state == {
+        "source": "scontrol",
+        "jobstate": "RUNNING",
+        "reason": "None",
+        "restarts": "2",
+        "runtime": "00:01:40",
+        "timelimit": "01:00:00",
+        "exitcode": "0:0",
+        "nodelist": "node[1-2]",
+    }
     fake_tool(bin_dir, "scontrol", 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1\n')
     fake_tool(bin_dir, "sacct", 'echo "COMPLETED|00:05:00|0:0|node1"\n')
-    assert run_status(run).slurm == {"source": "sacct", "jobstate": "COMPLETED", "runtime": "00:05:00",
-                                     "exitcode": "0:0", "nodelist": "node1"}
+    assert run_status(run).slurm == {
+        "source": "sacct",
+        "jobstate": "COMPLETED",
+        "runtime": "00:05:00",
+        "exitcode": "0:0",
+        "nodelist": "node1",
+    }
     fake_tool(bin_dir, "sacct", "exit 1\n")
     assert run_status(run).slurm is None
 

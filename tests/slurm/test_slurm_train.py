@@ -52,8 +52,7 @@ def metric_steps(run_dir: Path) -> list[int]:
 
 def test_two_task_training_job_runs_to_the_end(data_env, tmp_path, capsys):
     run_dir = tmp_path / "run dir"
-    job_id = submit(["train.max_steps=4", "--tasks-per-node", "2", "--time", "10", "--run-dir", str(run_dir)],
-                    capsys)
+    job_id = submit(["train.max_steps=4", "--tasks-per-node", "2", "--time", "10", "--run-dir", str(run_dir)], capsys)
     info = wait_for_state(job_id, {"COMPLETED"}, timeout=300)
     assert info["jobstate"] == "COMPLETED", job_logs(run_dir)
     assert metric_steps(run_dir)[-1] == 4
@@ -70,12 +69,15 @@ def test_two_task_training_job_runs_to_the_end(data_env, tmp_path, capsys):
 def test_preempted_job_checkpoints_is_requeued_and_continues(data_env, tmp_path, capsys):
     run_dir = tmp_path / "run"
     steps = 40
-    job_id = submit([f"train.max_steps={steps}", "--tasks-per-node", "2", "--time", "15", "--run-dir",
-                     str(run_dir)], capsys)
+    job_id = submit(
+        [f"train.max_steps={steps}", "--tasks-per-node", "2", "--time", "15", "--run-dir", str(run_dir)], capsys
+    )
     deadline = time.monotonic() + 300
     while len(metric_steps(run_dir)) < 3:
         assert time.monotonic() < deadline and (slurm.job_state(job_id) or {}).get("jobstate") in (
-            "PENDING", "RUNNING"), job_logs(run_dir)
+            "PENDING",
+            "RUNNING",
+        ), job_logs(run_dir)
         time.sleep(0.2)
     # the signal `--signal=B:USR1@...` sends ahead of the time limit: to the batch shell, which relays it
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True)

@@ -18,8 +18,9 @@ def require_dali():
     try:
         import nvidia.dali
     except ImportError as err:
-        raise UserError(f"data.backend=dali needs NVIDIA DALI, which is not importable here ({err}); install it "
-                        f"with: {INSTALL}") from None
+        raise UserError(
+            f"data.backend=dali needs NVIDIA DALI, which is not importable here ({err}); install it with: {INSTALL}"
+        ) from None
     return nvidia.dali
 
 

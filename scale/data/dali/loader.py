@@ -47,8 +47,10 @@ def resolve_device(choice: str) -> str:
         raise UserError(f"data.dali_device must be one of {', '.join(DEVICES)}, got '{choice}'")
     has_gpu = torch.cuda.is_available()
     if choice == "gpu" and not has_gpu:
-        raise UserError("data.dali_device=gpu but no CUDA GPU is visible on this machine: use data.dali_device=cpu "
-                        "(or auto), or data.backend=torchvision")
+        raise UserError(
+            "data.dali_device=gpu but no CUDA GPU is visible on this machine: use data.dali_device=cpu "
+            "(or auto), or data.backend=torchvision"
+        )
     return "gpu" if choice == "gpu" or (choice == "auto" and has_gpu) else "cpu"
 
 
@@ -58,8 +60,17 @@ def sample_key(source_info: str) -> str:
 
 
 class DaliLoader(Loader):
-    def __init__(self, data_cfg, split: str, global_batch: int, rank: int, world_size: int, seed: int,
-                 samples_per_epoch=None, views_cfg=None):
+    def __init__(
+        self,
+        data_cfg,
+        split: str,
+        global_batch: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        samples_per_epoch=None,
+        views_cfg=None,
+    ):
         kind = (views_cfg if views_cfg is not None else data_cfg.views).kind
         if kind not in VIEW_KINDS:
             raise UserError(f"data.backend=dali makes the {' and '.join(VIEW_KINDS)} views, not '{kind}'")
@@ -76,12 +87,20 @@ class DaliLoader(Loader):
         return PipelineSpec(
             paths=[str(self.dir / s["name"]) for s in shards],
             index_paths=[str(p) for p in dali_index_paths(self.dir, self.manifest)],
-            label_ext=LABEL_EXT.get(self.label_kind), views=self.views, mean=tuple(self.views_cfg.mean),
-            std=tuple(self.views_cfg.std), batch_size=self.local_batch, shard_id=self.rank,
-            num_shards=self.world_size, shuffle_buffer=int(self.cfg.shuffle_buffer), seed=seed,
-            shard_order_seed=self.seed % 2**31, device=self.device,
+            label_ext=LABEL_EXT.get(self.label_kind),
+            views=self.views,
+            mean=tuple(self.views_cfg.mean),
+            std=tuple(self.views_cfg.std),
+            batch_size=self.local_batch,
+            shard_id=self.rank,
+            num_shards=self.world_size,
+            shuffle_buffer=int(self.cfg.shuffle_buffer),
+            seed=seed,
+            shard_order_seed=self.seed % 2**31,
+            device=self.device,
             device_id=torch.cuda.current_device() if self.device == "gpu" else None,
-            num_threads=max(1, int(self.cfg.workers)))
+            num_threads=max(1, int(self.cfg.workers)),
+        )
 
     def _build(self):
         # a restored pipeline replays the first run's construction; a fresh one at position p > 0 is a new draw
@@ -102,8 +121,10 @@ class DaliLoader(Loader):
             return self.pipe.run()
         except RuntimeError as err:
             first = next((line for line in str(err).splitlines() if line.strip()), "")
-            raise UserError(f"the DALI pipeline of rank {self.rank} failed reading {self.dir}: {first} (a JPEG that "
-                            f"does not decode? check with `scale shards verify {self.dir}`)") from err
+            raise UserError(
+                f"the DALI pipeline of rank {self.rank} failed reading {self.dir}: {first} (a JPEG that "
+                f"does not decode? check with `scale shards verify {self.dir}`)"
+            ) from err
 
     def _batch(self, outputs) -> Batch:
         info, rest = outputs[0], list(outputs[1:])
@@ -114,10 +135,14 @@ class DaliLoader(Loader):
             labels = [self._label(bytes(np.asarray(raw[i])), key) for i, key in enumerate(keys)]
         crops, first = [], 0
         for n in self.views.views_per_group:
-            crops.append(self._stack(rest[first:first + n]))
+            crops.append(self._stack(rest[first : first + n]))
             first += n
-        return Batch(crops, list(self.views.views_per_group),
-                     labels_tensor(labels, self.label_kind, len(self.manifest["classes"])), keys)
+        return Batch(
+            crops,
+            list(self.views.views_per_group),
+            labels_tensor(labels, self.label_kind, len(self.manifest["classes"])),
+            keys,
+        )
 
     def _label(self, text: bytes, key: str):
         try:
@@ -133,14 +158,14 @@ class DaliLoader(Loader):
         if self.device == "cpu":
             out = torch.empty([len(views) * b] + shape[1:])
             for v, tl in enumerate(views):
-                out[v * b:(v + 1) * b] = torch.from_numpy(tl.as_array())
+                out[v * b : (v + 1) * b] = torch.from_numpy(tl.as_array())
             return out
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         out = torch.empty([len(views) * b] + shape[1:], device=torch.device("cuda", torch.cuda.current_device()))
         stream = torch.cuda.current_stream()
         for v, tl in enumerate(views):
-            feed_ndarray(tl.as_tensor(), out[v * b:(v + 1) * b], cuda_stream=stream)
+            feed_ndarray(tl.as_tensor(), out[v * b : (v + 1) * b], cuda_stream=stream)
         return out
 
     # ------------------------------------------------------------------------------------------------ resuming
@@ -165,13 +190,23 @@ class DaliLoader(Loader):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         every = json.loads(state["dali"]) if state.get("dali") else []
-        same = (state.get("backend") == "dali" and state.get("world_size") == self.world_size
-                and state.get("device") == self.device and len(every) == self.world_size)
+        same = (
+            state.get("backend") == "dali"
+            and state.get("world_size") == self.world_size
+            and state.get("device") == self.device
+            and len(every) == self.world_size
+        )
         self.pipe = None
         self._checkpoint = base64.b64decode(every[self.rank]) if same else None
         self._every, self._every_position = (state["dali"], self.position) if same else ("", 0)
         if not same and self.position:
-            log.warning("data: the DALI pipelines resume at position %d with a fresh draw (the saved state is from "
-                        "backend %s, world size %s, device %s; this run: dali, %d, %s)", self.position,
-                        state.get("backend", "torchvision"), state.get("world_size"), state.get("device"),
-                        self.world_size, self.device)
+            log.warning(
+                "data: the DALI pipelines resume at position %d with a fresh draw (the saved state is from "
+                "backend %s, world size %s, device %s; this run: dali, %d, %s)",
+                self.position,
+                state.get("backend", "torchvision"),
+                state.get("world_size"),
+                state.get("device"),
+                self.world_size,
+                self.device,
+            )

@@ -18,7 +18,6 @@ the pipeline also returns them (the same nodes the ops consume), which the parit
 
 import itertools
 from dataclasses import dataclass
-from typing import Optional
 
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
@@ -33,7 +32,7 @@ PARAMS = ("shape", "anchor", "size", "flip", "jitter", "order", "gray", "blur", 
 class PipelineSpec:
     paths: list  # tar files (non-empty shards)
     index_paths: list  # their DALI indexes
-    label_ext: Optional[str]  # "cls", "labels" or None (unlabeled)
+    label_ext: str | None  # "cls", "labels" or None (unlabeled)
     views: object  # a CropViews
     mean: tuple
     std: tuple
@@ -44,17 +43,25 @@ class PipelineSpec:
     seed: int  # this rank's pipeline seed
     shard_order_seed: int  # the same on every rank: the reader's tar order per epoch
     device: str  # "cpu" | "gpu"
-    device_id: Optional[int]
+    device_id: int | None
     num_threads: int
 
 
-def build_pipeline(spec: PipelineSpec, checkpoint: Optional[bytes] = None, expose: bool = False):
+def build_pipeline(spec: PipelineSpec, checkpoint: bytes | None = None, expose: bool = False):
     """A built pipeline; outputs: source info, label bytes (if labelled), one crop per view in the views' order
     (float32 [B, 3, S, S] normalised), then with expose the PARAMS of each view, view by view."""
     graph = pipeline_def(_graph, enable_conditionals=True)
-    pipe = graph(spec=spec, expose=expose, batch_size=spec.batch_size, num_threads=spec.num_threads,
-                 device_id=spec.device_id, seed=spec.seed, enable_checkpointing=True, checkpoint=checkpoint,
-                 prefetch_queue_depth=2)
+    pipe = graph(
+        spec=spec,
+        expose=expose,
+        batch_size=spec.batch_size,
+        num_threads=spec.num_threads,
+        device_id=spec.device_id,
+        seed=spec.seed,
+        enable_checkpointing=True,
+        checkpoint=checkpoint,
+        prefetch_queue_depth=2,
+    )
     pipe.build()
     return pipe
 
@@ -62,10 +69,18 @@ def build_pipeline(spec: PipelineSpec, checkpoint: Optional[bytes] = None, expos
 def _graph(spec: PipelineSpec, expose: bool):
     ext = ["jpg"] + ([spec.label_ext] if spec.label_ext else [])
     read = fn.readers.webdataset(
-        paths=spec.paths, index_paths=spec.index_paths, ext=ext, shard_id=spec.shard_id,
-        num_shards=spec.num_shards, random_shuffle=True, initial_fill=max(1, spec.shuffle_buffer),
-        shuffle_after_epoch=True, shuffle_after_epoch_seed=spec.shard_order_seed, missing_component_behavior="skip",
-        name="reader")
+        paths=spec.paths,
+        index_paths=spec.index_paths,
+        ext=ext,
+        shard_id=spec.shard_id,
+        num_shards=spec.num_shards,
+        random_shuffle=True,
+        initial_fill=max(1, spec.shuffle_buffer),
+        shuffle_after_epoch=True,
+        shuffle_after_epoch_seed=spec.shard_order_seed,
+        missing_component_behavior="skip",
+        name="reader",
+    )
     jpegs = read[0] if spec.label_ext else read
     shape = fn.peek_image_shape(jpegs)
     image = fn.decoders.image(jpegs, device="mixed" if spec.device == "gpu" else "cpu", output_type=types.RGB)
@@ -81,15 +96,24 @@ def _graph(spec: PipelineSpec, expose: bool):
 
 def _view(image, shape, crop, spec: PipelineSpec):
     views = spec.views
-    anchor, size = fn.random_crop_generator(shape, random_area=list(crop.scale), random_aspect_ratio=list(views.ratio),
-                                            num_attempts=10)
+    anchor, size = fn.random_crop_generator(
+        shape, random_area=list(crop.scale), random_aspect_ratio=list(views.ratio), num_attempts=10
+    )
     interp = types.INTERP_CUBIC if views.interpolation == "bicubic" else types.INTERP_LINEAR
-    x = fn.resize(image, roi_start=fn.cast(anchor, dtype=types.FLOAT),
-                  roi_end=fn.cast(anchor + size, dtype=types.FLOAT), roi_relative=False,
-                  size=[crop.size, crop.size], interp_type=interp, antialias=True)
+    x = fn.resize(
+        image,
+        roi_start=fn.cast(anchor, dtype=types.FLOAT),
+        roi_end=fn.cast(anchor + size, dtype=types.FLOAT),
+        roi_relative=False,
+        size=[crop.size, crop.size],
+        interp_type=interp,
+        antialias=True,
+    )
     b, c, s, h = views.jitter
     drawn = {
-        "shape": shape, "anchor": anchor, "size": size,
+        "shape": shape,
+        "anchor": anchor,
+        "size": size,
         "flip": fn.random.coin_flip(probability=views.flip_p),
         "jitter": fn.random.coin_flip(probability=views.jitter_p),
         "order": fn.random.choice(len(PERMUTATIONS)),
@@ -98,8 +122,12 @@ def _view(image, shape, crop, spec: PipelineSpec):
         "sigma": fn.random.uniform(range=list(views.blur_sigma)),
         "solarize": fn.random.coin_flip(probability=crop.solarize_p),
     }
-    factors = (_uniform(max(0.0, 1 - b), 1 + b), _uniform(max(0.0, 1 - c), 1 + c), _uniform(max(0.0, 1 - s), 1 + s),
-               _uniform(-h * 360.0, h * 360.0))  # torchvision's hue factor is a fraction of the circle
+    factors = (
+        _uniform(max(0.0, 1 - b), 1 + b),
+        _uniform(max(0.0, 1 - c), 1 + c),
+        _uniform(max(0.0, 1 - s), 1 + s),
+        _uniform(-h * 360.0, h * 360.0),
+    )  # torchvision's hue factor is a fraction of the circle
     gpu = spec.device == "gpu"
     if drawn["jitter"]:
         x = _jitter(x, drawn["order"], factors, gpu)
@@ -109,8 +137,14 @@ def _view(image, shape, crop, spec: PipelineSpec):
         x = fn.gaussian_blur(x, sigma=drawn["sigma"])
     if drawn["solarize"]:
         x = _solarize(x)
-    out = fn.crop_mirror_normalize(x, mirror=drawn["flip"], mean=[255.0 * m for m in spec.mean],
-                                   std=[255.0 * v for v in spec.std], dtype=types.FLOAT, output_layout="CHW")
+    out = fn.crop_mirror_normalize(
+        x,
+        mirror=drawn["flip"],
+        mean=[255.0 * m for m in spec.mean],
+        std=[255.0 * v for v in spec.std],
+        dtype=types.FLOAT,
+        output_layout="CHW",
+    )
     return out, drawn
 
 
@@ -123,8 +157,9 @@ def _jitter(x, order, factors, gpu: bool):
     """torchvision ColorJitter: the four ops in the sample's random order (stage k applies PERMUTATIONS[order][k])."""
     brightness, contrast, saturation, hue = factors
     for stage in range(4):
-        op = fn.lookup_table(order, keys=list(range(len(PERMUTATIONS))), values=[p[stage] for p in PERMUTATIONS],
-                             dtype=types.INT32)
+        op = fn.lookup_table(
+            order, keys=list(range(len(PERMUTATIONS))), values=[p[stage] for p in PERMUTATIONS], dtype=types.INT32
+        )
         if op == 0:
             x = fn.brightness(x, brightness=brightness)
         elif op == 1:
@@ -155,6 +190,6 @@ def _grayscale(x):
 
 
 def _solarize(x):
-    return fn.lookup_table(x, keys=list(range(256)), values=[v if v < 128 else 255 - v for v in range(256)],
-                           dtype=types.UINT8)
-
+    return fn.lookup_table(
+        x, keys=list(range(256)), values=[v if v < 128 else 255 - v for v in range(256)], dtype=types.UINT8
+    )
