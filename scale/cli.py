@@ -4,11 +4,12 @@ import argparse
 import faulthandler
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 
 import scale.commands
-from scale.errors import UserError
+from scale.errors import ConfigError, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,11 +30,17 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except UserError as err:
         logging.getLogger("scale").debug("user error", exc_info=True)
-        print(f"scale: error: {err}", file=sys.stderr)
+        if not (isinstance(err, ConfigError) and _rank() != 0):  # every rank found the same: rank 0 says it
+            print(f"scale: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("scale: interrupted", file=sys.stderr)
         return 130
+
+
+def _rank() -> int:
+    """This process's rank under torchrun, srun or `--nproc`; 0 when not launched as one of several."""
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ class UserError(Exception):
     exit_code = 2
 
 
+class ConfigError(UserError):
+    """A bad recipe or launch setting, found before the ranks part ways: every rank finds the same one, so only
+    rank 0 prints it."""
+
+
 # Exit status of a run that checkpointed on a preemption signal and wants to be requeued (the Slurm template
 # requeues on it); distinct from 0 (finished), 1 (crashed) and 2 (user error).
 PREEMPTED_EXIT_CODE = 3

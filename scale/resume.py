@@ -2,7 +2,10 @@
 
 from omegaconf import DictConfig, OmegaConf
 
-from scale.errors import UserError
+from scale.checkpoint.store import CheckpointStore
+from scale.config.load import from_dict
+from scale.errors import ConfigError
+from scale.rundir import RunDir
 
 # dotted prefixes whose change makes a checkpoint unloadable or its meaning different
 FIXED = [
@@ -58,8 +61,15 @@ def check_compatible(saved: DictConfig, new: DictConfig, where: str) -> None:
         if any(k == p or k.startswith(p + ".") for p in FIXED) and old_flat.get(k) != new_flat.get(k)
     ]
     if changed:
-        raise UserError(
+        raise ConfigError(
             f"{where} cannot be resumed with this recipe; these settings changed: "
             + "; ".join(changed)
             + ". Use a new --run-dir, or restore these values."
         )
+
+
+def check_resumable(run: RunDir, cfg: DictConfig) -> None:
+    """A run directory with a checkpoint continues only with a compatible recipe; one without (a start that failed
+    before its first checkpoint) takes any recipe."""
+    if run.config.exists() and CheckpointStore(run.checkpoints).step_dirs():
+        check_compatible(from_dict(OmegaConf.to_container(OmegaConf.load(run.config))), cfg, str(run.root))

@@ -2,11 +2,14 @@
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from scale.errors import ConfigError
 
 LOG_FORMAT = "%(asctime)s [rank %(rank)d] %(levelname)s %(name)s: %(message)s"
 
@@ -25,6 +28,17 @@ class RunDir:
         for folder in (self.root, self.checkpoints, self.logs, self.tensorboard):
             folder.mkdir(parents=True, exist_ok=True)
         return self
+
+    def check_writable(self) -> None:
+        """Create the folders and write a probe file, so that a run directory that cannot be written fails with
+        one message before any process is spawned."""
+        try:
+            self.create()
+            probe = self.root / f".write-probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as err:
+            raise ConfigError(f"run directory {self.root}: cannot write there ({err.strerror or err})") from None
 
     def write_config(self, cfg: DictConfig) -> None:
         tmp = self.config.with_suffix(".yaml.tmp")

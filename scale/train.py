@@ -9,16 +9,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from scale.checkpoint import Checkpointer, CheckpointStore
 from scale.checkpoint.init import load_backbone_weights
 from scale.config import load_recipe
-from scale.config.load import from_dict
+from scale.config.validate import check_launch
 from scale.data.batch import split_batch
 from scale.data.loader import build_loader
 from scale.engine import build_engine
-from scale.engine.dist import DistInfo, init_distributed, seed_everything, shutdown
+from scale.engine.dist import DistInfo, detect, init_distributed, seed_everything, shutdown
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss, UserError
 from scale.eval.classify import Validation
 from scale.faults import maybe_inject
@@ -29,7 +29,7 @@ from scale.monitors import Monitors
 from scale.optim import apply_schedule
 from scale.preemption import Preemption
 from scale.progress import progress_bar
-from scale.resume import check_compatible
+from scale.resume import check_resumable
 from scale.rundir import MetricsWriter, RunDir, setup_logging
 from scale.schedules import lr_schedule, wd_schedule
 
@@ -39,7 +39,11 @@ log = logging.getLogger(__name__)
 def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: int = 0) -> int:
     cfg = load_recipe(recipe, overrides)  # validate before spawning anything
     run = RunDir(run_dir or Path("runs") / cfg.meta.name)
-    if nproc > 1 and not already_launched():
+    spawning = nproc > 1 and not already_launched()
+    check_launch(cfg, nproc if spawning else detect().world_size)
+    run.check_writable()
+    check_resumable(run, cfg)
+    if spawning:
         return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root)])
     info, device = init_distributed()
     try:
@@ -51,8 +55,7 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
 def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> None:
     """Rank 0 checks that an existing run can continue with this config, then (re)writes config.yaml."""
     if info.is_main:
-        if run.config.exists():
-            check_compatible(from_dict(OmegaConf.to_container(OmegaConf.load(run.config))), cfg, str(run.root))
+        check_resumable(run, cfg)
         run.create()
         run.write_config(cfg)
     if dist.is_initialized():

@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from scale.config.schema import Recipe
-from scale.errors import UserError
+from scale.config.validate import Origins, check_recipe
+from scale.errors import ConfigError
 
 BASE_KEY = "base"
 OVERRIDE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*=")
@@ -40,7 +41,7 @@ def recipe_path(name_or_path: str, relative_to: Path | None = None) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
-    raise UserError(f"recipe not found: '{name_or_path}' (looked for {', '.join(str(c) for c in candidates)})")
+    raise ConfigError(f"recipe not found: '{name_or_path}' (looked for {', '.join(str(c) for c in candidates)})")
 
 
 def recipe_name(path: Path) -> str:
@@ -52,11 +53,15 @@ def recipe_name(path: Path) -> str:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a text file (byte {err.start} is not UTF-8)") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
     except yaml.YAMLError as err:
-        raise UserError(f"{path}: not valid YAML: {err}") from None
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+        raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
     return data
 
 
@@ -87,11 +92,11 @@ def _check_keys(raw: dict, schema: DictConfig, where: str, prefix: str = "") -> 
             valid = [str(k) for k in schema.keys()]
             close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys here: {', '.join(valid)}"
-            raise UserError(f"{where}: unknown key '{dotted}'{hint}")
+            raise ConfigError(f"{where}: unknown key '{dotted}'{hint}")
         child = schema[key] if not OmegaConf.is_missing(schema, key) else None
         if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
             if not isinstance(value, dict):
-                raise UserError(f"{where}: '{dotted}' is a section, expected a mapping, got {value!r}")
+                raise ConfigError(f"{where}: '{dotted}' is a section, expected a mapping, got {value!r}")
             _check_keys(value, child, where, dotted + ".")
 
 
@@ -104,7 +109,7 @@ def _merge(cfg: DictConfig, raw: dict, where: str) -> DictConfig:
         expected = _field_type(key)
         value = _lookup(raw, key)
         want = f"expected {_type_name(expected)}" if expected is not None else "invalid value"
-        raise UserError(f"{where}: '{key}': {want}, got {value!r}") from None
+        raise ConfigError(f"{where}: '{key}': {want}, got {value!r}") from None
 
 
 def _lookup(raw: dict, dotted: str) -> Any:
@@ -119,13 +124,13 @@ def _lookup(raw: dict, dotted: str) -> Any:
 def _load_chain(path: Path, seen: tuple = ()) -> list[tuple[Path, dict]]:
     """The recipe file and its bases, base-most first."""
     if path in seen:
-        raise UserError(f"{path}: circular 'base:' chain: {' -> '.join(str(p) for p in seen + (path,))}")
+        raise ConfigError(f"{path}: circular 'base:' chain: {' -> '.join(str(p) for p in seen + (path,))}")
     raw = _read_yaml(path)
     base = raw.pop(BASE_KEY, None)
     chain = []
     if base is not None:
         if not isinstance(base, str):
-            raise UserError(f"{path}: 'base' must be a recipe name or path, got {base!r}")
+            raise ConfigError(f"{path}: 'base' must be a recipe name or path, got {base!r}")
         chain = _load_chain(recipe_path(base, relative_to=path.parent), seen + (path,))
     return chain + [(path, raw)]
 
@@ -135,26 +140,34 @@ def parse_overrides(overrides: Iterable[str]) -> dict:
     overrides = list(overrides)
     for item in overrides:
         if not OVERRIDE_RE.match(item):
-            raise UserError(f"bad override '{item}': expected section.key=value, e.g. train.epochs=100")
+            raise ConfigError(f"bad override '{item}': expected section.key=value, e.g. train.epochs=100")
+        try:
+            OmegaConf.from_dotlist([item])
+        except yaml.YAMLError as err:
+            problem = str(getattr(err, "problem", None) or err).splitlines()[0]
+            raise ConfigError(f"command line: override '{item}': the value is not valid YAML ({problem})") from None
     try:
         return OmegaConf.to_container(OmegaConf.from_dotlist(overrides))
     except OmegaConfBaseException as err:
-        raise UserError(f"bad override: {err}") from None
+        raise ConfigError(f"bad override: {err}") from None
 
 
 def load_recipe(name_or_path: str, overrides: Iterable[str] = ()) -> DictConfig:
     """The resolved, validated recipe as a typed OmegaConf config."""
     path = recipe_path(name_or_path)
     cfg = OmegaConf.structured(Recipe)
-    for file, raw in _load_chain(path):
-        cfg = _merge(cfg, raw, str(file))
-    cfg = _merge(cfg, parse_overrides(overrides), "command line")
+    origins = Origins()
+    sources = [(str(file), raw) for file, raw in _load_chain(path)] + [("command line", parse_overrides(overrides))]
+    for where, raw in sources:
+        cfg = _merge(cfg, raw, where)
+        origins.record(raw, where)
     if not cfg.meta.name:
         cfg.meta.name = recipe_name(path)
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
-        raise UserError(f"{path}: cannot resolve '{getattr(err, 'full_key', '?')}': {err}") from None
+        raise ConfigError(f"{path}: cannot resolve '{getattr(err, 'full_key', '?')}': {err}") from None
+    check_recipe(cfg, Recipe, origins)
     return cfg
 
 

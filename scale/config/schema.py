@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Any
 
+from scale.config.fields import at_least, within
 from scale.data.config import DataConfig
 from scale.engine.config import EngineConfig, OptimConfig
 from scale.methods.config import MethodConfig
@@ -15,29 +16,29 @@ class MetaConfig:
     paper: str = ""  # dino | mocov3 | esvit | drloc | scale
     table: str = ""
     row: str = ""
-    devices: int = 8  # device count the paper's row assumes
+    devices: int = at_least(8, 1)  # device count the paper's row assumes
     reported: dict[str, Any] = field(default_factory=dict)  # the paper's numbers for this row
     notes: str = ""
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 100
-    global_batch: int = 1024
-    samples_per_epoch: int | None = None  # None: the train manifest's sample count
-    max_steps: int | None = None  # stop early (smoke runs, benchmarks)
+    epochs: int = at_least(100, 1)
+    global_batch: int = at_least(1024, 1)
+    samples_per_epoch: int | None = at_least(None, 1)  # None: the train manifest's sample count
+    max_steps: int | None = at_least(None, 1)  # stop early (smoke runs, benchmarks)
     seed: int = 0
-    log_every: int = 10
-    ckpt_every_steps: int = 0  # 0: once per epoch
-    keep_last: int = 2
-    keep_every: int = 0  # also keep every M-th step's checkpoint (0: none)
+    log_every: int = at_least(10, 1)
+    ckpt_every_steps: int = at_least(0, 0)  # 0: once per epoch
+    keep_last: int = at_least(2, 1)
+    keep_every: int = at_least(0, 0)  # also keep every M-th step's checkpoint (0: none)
     async_save: bool = False
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
-    knn_monitor_every: int = 0  # steps; 0 disables the k-NN monitor
-    grad_monitor_every: int = 0  # steps; per-layer gradient norms and spikes (MoCo v3 Fig. 4); 0 disables
+    knn_monitor_every: int = at_least(0, 0)  # steps; 0 disables the k-NN monitor
+    grad_monitor_every: int = at_least(0, 0)  # steps; per-layer gradient norms and spikes (MoCo v3 Fig. 4); 0 disables
     # methods with a class head (supervised, DRLoc, fine-tuning rows): top-1/top-5 on data.val every this many
     # epochs and after the last step, into metrics.jsonl and eval/val.json; 0: no validation
-    val_every_epochs: int = 1
+    val_every_epochs: int = at_least(1, 0)
     # an exported backbone (`scale ckpt export`, .safetensors or torch) that initialises the student's (and the
     # teacher's) backbone of a fresh run: fine-tuning and transfer rows; ignored when the run resumes
     init_weights: str = ""
@@ -45,28 +46,30 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    batch_size: int = 128  # images per rank in every evaluation pass (DINO: 128 per GPU)
+    batch_size: int = at_least(128, 1)  # images per rank in every evaluation pass (DINO: 128 per GPU)
     # k-NN (DINO eval_knn.py): weighted votes exp(sim / T) of the k nearest L2-normalised training features
-    knn_k: list[int] = field(default_factory=lambda: [10, 20, 100, 200])
-    knn_temperature: float = 0.07
+    knn_k: list[int] = at_least([10, 20, 100, 200], 1)
+    knn_temperature: float = at_least(0.07, 1e-8)
     # k-NN monitor during pre-training (MoCo v3 appendix; Wu et al. 2018 k-NN): queue = 10% of ImageNet-1k
-    knn_monitor_queue: int = 128000
-    knn_monitor_k: int = 200
+    knn_monitor_queue: int = at_least(128000, 1)
+    knn_monitor_k: int = at_least(200, 1)
     # linear probe (DINO eval_linear.py): frozen backbone, SGD momentum 0.9, wd 0, cosine to 0 per epoch
-    linear_n_last_blocks: int = 4  # DINO: 4 for ViT-S, 1 for ViT-B (with avgpool)
+    linear_n_last_blocks: int = at_least(4, 1)  # DINO: 4 for ViT-S, 1 for ViT-B (with avgpool)
     linear_avgpool: bool = False  # ViT: also the mean of the last block's patch tokens
     # the grid trained at once; each lr is for 256 images and scales linearly with the global batch (DINO)
     linear_lrs: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1])
-    linear_epochs: int = 100
-    linear_val_fraction: float = 0.01  # training samples held out (by key) to choose the lr
+    linear_epochs: int = at_least(100, 1)
+    linear_val_fraction: float = within(0.01, 0.0, 1.0)  # training samples held out (by key) to choose the lr
     # logistic-regression transfer suite (EsViT C.5): L-BFGS, lambda searched over 1e-6..1e6
-    logreg_max_iter: int = 1000
-    logreg_val_fraction: float = 0.2  # carved from train when a data set ships no val split besides its test split
+    logreg_max_iter: int = at_least(1000, 1)
+    logreg_val_fraction: float = within(
+        0.2, 0.0, 1.0
+    )  # carved from train when a data set ships no val split besides its test split
     # correspondence (EsViT C.7): flip, then colour jitter and greyscale of the center crop; top-10 matches
-    correspondence_top: int = 10
+    correspondence_top: int = at_least(10, 1)
     correspondence_jitter: list[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
-    correspondence_grayscale_p: float = 0.2
-    correspondence_images: int | None = None  # None: every image of data.val (the paper: 50K ImageNet val)
+    correspondence_grayscale_p: float = within(0.2, 0.0, 1.0)
+    correspondence_images: int | None = at_least(None, 1)  # None: every image of data.val (the paper: 50K ImageNet val)
 
 
 @dataclass

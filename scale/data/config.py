@@ -2,38 +2,40 @@
 
 from dataclasses import dataclass, field
 
+from scale.config.fields import at_least, choice, within
+
 
 @dataclass
 class ViewsConfig:
     # multicrop (DINO/EsViT) | two_view (MoCo v3/BYOL/SimCLR) | supervised (DRLoc, fine-tuning) | eval
-    kind: str = "multicrop"
-    n_global: int = 2
-    global_size: int = 224
-    global_scale: list[float] = field(default_factory=lambda: [0.4, 1.0])
+    kind: str = choice("multicrop", ["multicrop", "two_view", "supervised", "eval"])
+    n_global: int = at_least(2, 1)
+    global_size: int = at_least(224, 1)
+    global_scale: list[float] = within([0.4, 1.0], 0.0, 1.0)
     # several local sizes are allowed (EsViT); n_local[i] crops of local_sizes[i] px
-    local_sizes: list[int] = field(default_factory=lambda: [96])
-    n_local: list[int] = field(default_factory=lambda: [8])
-    local_scale: list[float] = field(default_factory=lambda: [0.05, 0.4])
+    local_sizes: list[int] = at_least([96], 1)
+    n_local: list[int] = at_least([8], 0)
+    local_scale: list[float] = within([0.05, 0.4], 0.0, 1.0)
     ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
-    interpolation: str = "bicubic"
-    flip_p: float = 0.5
+    interpolation: str = choice("bicubic", ["bicubic", "bilinear"])
+    flip_p: float = within(0.5, 0.0, 1.0)
     color_jitter: list[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
-    color_jitter_p: float = 0.8
-    grayscale_p: float = 0.2
+    color_jitter_p: float = within(0.8, 0.0, 1.0)
+    grayscale_p: float = within(0.2, 0.0, 1.0)
     # per global view (view 1, view 2); locals use local_blur_p / local_solarize_p
-    blur_p: list[float] = field(default_factory=lambda: [1.0, 0.1])
-    solarize_p: list[float] = field(default_factory=lambda: [0.0, 0.2])
-    local_blur_p: float = 0.5
-    local_solarize_p: float = 0.0
+    blur_p: list[float] = within([1.0, 0.1], 0.0, 1.0)
+    solarize_p: list[float] = within([0.0, 0.2], 0.0, 1.0)
+    local_blur_p: float = within(0.5, 0.0, 1.0)
+    local_solarize_p: float = within(0.0, 0.0, 1.0)
     blur_sigma: list[float] = field(default_factory=lambda: [0.1, 2.0])
     mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
     std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
     # supervised views (timm transform factory)
     auto_augment: str = "rand-m9-mstd0.5-inc1"
-    random_erase_p: float = 0.25
+    random_erase_p: float = within(0.25, 0.0, 1.0)
     # evaluation views
-    eval_resize: int = 256
-    eval_crop: int = 224
+    eval_resize: int = at_least(256, 1)
+    eval_crop: int = at_least(224, 1)
 
 
 @dataclass
@@ -41,11 +43,11 @@ class DataConfig:
     # a shard directory with an _info.json manifest; ${oc.env:SCALE_DATA,data} lets a cluster point elsewhere
     train: str = "${oc.env:SCALE_DATA,data}/imagenet1k/train"
     val: str = "${oc.env:SCALE_DATA,data}/imagenet1k/val"
-    backend: str = "torchvision"  # torchvision | dali (extra `dali`; multicrop and two_view views)
-    dali_device: str = "auto"  # auto (the GPU when CUDA is available) | gpu | cpu
-    mode: str = "epochs"  # epochs (every sample once per epoch) | resampled (infinite stream)
-    workers: int = 4
-    shuffle_buffer: int = 2000
-    error_budget: float = 0.001  # fraction of samples that may be bad before the run stops
-    num_classes: int = 1000
+    backend: str = choice("torchvision", ["torchvision", "dali"])  # dali: extra `dali`; multicrop, two_view
+    dali_device: str = choice("auto", ["auto", "gpu", "cpu"])  # auto: the GPU when CUDA is available
+    mode: str = choice("epochs", ["epochs", "resampled"])  # every sample once per epoch | an infinite stream
+    workers: int = at_least(4, 0)
+    shuffle_buffer: int = at_least(2000, 0)
+    error_budget: float = within(0.001, 0.0, 1.0)  # fraction of samples that may be bad before the run stops
+    num_classes: int = at_least(1000, 1)
     views: ViewsConfig = field(default_factory=ViewsConfig)

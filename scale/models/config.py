@@ -2,18 +2,30 @@
 
 from dataclasses import dataclass
 
+from scale.config.fields import at_least, choice, within
+
+
+def backbone_names() -> list[str]:
+    from scale.models import available  # the registry imports every family: only when a recipe is checked
+
+    return available()
+
 
 @dataclass
 class ModelConfig:
-    name: str = "vit_small"  # registry name: vit_small, vit_base, swin_tiny, resnet50, ... (`scale models table`)
-    patch_size: int | None = None  # None: the family's default (ViT 16, vit_nano 8, Swin 4; unused by ResNet)
-    img_size: int = 224  # size the learned pos-embed and Swin windows are built for; other sizes are interpolated
-    num_heads: int | None = None  # None: the family's default (MoCo v3's ViT-S uses 12)
-    drop_path: float = 0.1
-    pos_embed: str = "learned"  # learned (bicubic-interpolated per grid) | sincos (fixed 2-D, MoCo v3) | none
+    name: str = choice("vit_small", backbone_names)  # vit_small, vit_base, swin_tiny, ... (`scale models table`)
+    patch_size: int | None = at_least(
+        None, 1
+    )  # None: the family's default (ViT 16, vit_nano 8, Swin 4; unused by ResNet)
+    img_size: int = at_least(
+        224, 1
+    )  # size the learned pos-embed and Swin windows are built for; other sizes are interpolated
+    num_heads: int | None = at_least(None, 1)  # None: the family's default (MoCo v3's ViT-S uses 12)
+    drop_path: float = within(0.1, 0.0, 1.0)
+    pos_embed: str = choice("learned", ["learned", "sincos", "none"])  # bicubic-interpolated | fixed 2-D (MoCo v3)
     frozen_patch_embed: bool = False  # MoCo v3 random patch projection
-    pooling: str = "cls"  # cls | avg (MoCo v3 ablation: no class token, global average pool)
+    pooling: str = choice("cls", ["cls", "avg"])  # avg: MoCo v3 ablation, no class token, global average pool
     final_norm: bool = True
     bn_mlp: bool = False  # ViT-BN: BatchNorm instead of LayerNorm before the MLP of every block
-    window_size: int = 7  # Swin: 7, or 14 (EsViT W14: 14 in stages 1-3, 7 in stage 4)
-    weight_init: str = ""  # ViT: "" (timm/DINO trunc-normal 0.02) | moco (MoCo v3: xavier, per-q/k/v qkv)
+    window_size: int = at_least(7, 1)  # Swin: 7, or 14 (EsViT W14: 14 in stages 1-3, 7 in stage 4)
+    weight_init: str = choice("", ["", "moco"])  # ViT: "" timm/DINO trunc-normal 0.02, moco: xavier per q/k/v

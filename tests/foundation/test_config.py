@@ -4,7 +4,10 @@ import pytest
 
 from scale.cli import main
 from scale.config import load_recipe
-from scale.errors import UserError
+from scale.config.validate import check_launch
+from scale.errors import ConfigError, UserError
+from scale.resume import check_resumable
+from scale.rundir import RunDir
 
 
 @pytest.fixture
@@ -39,7 +42,14 @@ def test_inheritance_by_recipe_name(recipes):
 def test_overrides_are_typed(recipes):
     cfg = load_recipe(
         "dino/vit_s16",
-        ["train.epochs=5", "optim.lr=1e-3", "data.views.n_local=[2,4]", "engine.kind=ddp", "train.max_steps=7"],
+        [
+            "train.epochs=5",
+            "optim.lr=1e-3",
+            "data.views.local_sizes=[96,64]",
+            "data.views.n_local=[2,4]",
+            "engine.kind=ddp",
+            "train.max_steps=7",
+        ],
     )
     assert cfg.train.epochs == 5 and isinstance(cfg.train.epochs, int)
     assert cfg.optim.lr == pytest.approx(1e-3)
@@ -121,3 +131,134 @@ def test_cli_list_json_and_show(recipes, capsys):
     ]
     assert main(["recipes", "show", "dino/vit_s16", "train.epochs=9"]) == 0
     assert "epochs: 9" in capsys.readouterr().out
+
+
+# --- the whole recipe is checked at load time: closed choices, ranges, cross-field rules ---
+
+
+def test_choice_typo_names_source_key_value_and_choices(recipes):
+    with pytest.raises(ConfigError) as err:
+        load_recipe("dino/vit_s16", ["engine.kind=fsdp"])
+    message = str(err.value)
+    assert message.startswith("command line: engine.kind='fsdp' is not one of: ddp, fsdp2, deepspeed")
+    assert "did you mean 'fsdp2'" in message
+
+
+def test_choice_typo_in_a_recipe_file_names_the_file(recipes):
+    (recipes / "typo.yaml").write_text("base: dino/vit_s16\noptim:\n  name: adamw2\nmethod:\n  kind: dino\n")
+    with pytest.raises(ConfigError, match=r"typo\.yaml: optim\.name='adamw2' is not one of: adamw, lars, lamb, sgd"):
+        load_recipe("typo")
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "method.kind=moco",
+        "engine.precision=fp8",
+        "engine.activation_checkpointing=selective_typo",
+        "optim.lr_scaling=cubic",
+        "optim.clip_mode=norm",
+        "data.backend=ffcv",
+        "data.views.kind=multi",
+        "method.moco.variant=moco",
+        "model.pos_embed=rope",
+    ],
+)
+def test_every_choice_field_is_a_closed_set(recipes, override):
+    key, value = override.split("=")
+    with pytest.raises(ConfigError, match=rf"command line: {key}='{value}' is not one of: "):
+        load_recipe("dino/vit_s16", [override])
+
+
+def test_model_name_is_checked_against_the_registry(recipes):
+    with pytest.raises(ConfigError, match=r"model\.name='vit_smal' is not one of: .*vit_small.*did you mean"):
+        load_recipe("dino/vit_s16", ["model.name=vit_smal"])
+    assert load_recipe("dino/vit_s16", ["model.name=swin_tiny"]).model.name == "swin_tiny"
+
+
+@pytest.mark.parametrize(
+    "override, bound",
+    [
+        ("train.epochs=0", "at least 1"),
+        ("train.max_steps=-1", "at least 1"),
+        ("train.global_batch=0", "at least 1"),
+        ("train.log_every=0", "at least 1"),
+        ("train.ckpt_every_steps=-5", "at least 0"),
+        ("data.workers=-1", "at least 0"),
+        ("engine.grad_accum=0", "at least 1"),
+        ("data.views.n_local=[2,-1]", "at least 0"),
+        ("data.views.flip_p=1.5", "between 0.0 and 1.0"),
+    ],
+)
+def test_counts_and_sizes_are_range_checked(recipes, override, bound):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"command line: {key}=.* must be {bound}"):
+        load_recipe("dino/vit_s16", [override])
+
+
+def test_views_must_suit_the_method(recipes):
+    with pytest.raises(ConfigError, match=r"data\.views\.kind='multicrop': method\.kind=drloc trains on views"):
+        load_recipe("dino/vit_s16", ["method.kind=drloc"])
+    with pytest.raises(ConfigError, match=r"data\.views\.n_global=3: method\.kind=mocov3 needs 2 global views"):
+        load_recipe("dino/vit_s16", ["method.kind=mocov3", "data.views.n_global=3"])
+    with pytest.raises(ConfigError, match=r"data\.views\.n_local=\[2, 2\]: needs one count per entry"):
+        load_recipe("dino/vit_s16", ["data.views.n_local=[2,2]"])
+    assert load_recipe("dino/vit_s16", ["method.kind=mocov3", "data.views.kind=two_view"]).method.kind == "mocov3"
+
+
+def test_override_value_that_is_not_yaml(recipes):
+    for bad in ["train.max_steps=[1,", "meta.notes=\"open", "meta.notes=@x"]:
+        with pytest.raises(ConfigError, match=r"command line: override '.*': the value is not valid YAML"):
+            load_recipe("dino/vit_s16", [bad])
+
+
+def test_recipe_file_that_is_not_text(recipes):
+    (recipes / "binary.yaml").write_bytes(b"train:\n  epochs: \xff\xfe\x00\n")
+    with pytest.raises(ConfigError, match=r"binary\.yaml: not a text file"):
+        load_recipe("binary")
+
+
+def test_launch_rules(recipes, tmp_path):
+    cfg = load_recipe("dino/vit_s16", [f"data.train={tmp_path}", "train.global_batch=12", "engine.grad_accum=2"])
+    check_launch(cfg, world_size=3)  # 12 = 3 ranks x 2 accumulation steps x 2 images
+    with pytest.raises(ConfigError, match=r"train\.global_batch=12 is not divisible by 4 ranks x"):
+        check_launch(cfg, world_size=4)
+    cfg.data.train = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"data\.train=.*missing: no such directory"):
+        check_launch(cfg, world_size=1)
+
+
+def test_bad_choice_fails_before_the_run_directory_is_made(recipes, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "dino/vit_s16", "engine.kind=fsdp", "--run-dir", str(run), "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("scale: error:") == 1 and "engine.kind='fsdp'" in err and "Traceback" not in err
+    assert not run.exists()
+
+
+def test_config_errors_are_printed_by_rank_0_only(recipes, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "1")
+    assert main(["recipes", "show", "dino/vit_s16", "engine.kind=fsdp"]) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert main(["recipes", "show", "dino/vit_s16", "engine.kind=fsdp"]) == 2
+    assert "engine.kind='fsdp'" in capsys.readouterr().err
+
+
+def test_a_run_without_checkpoint_takes_any_recipe(recipes, tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    run.write_config(load_recipe("dino/vit_s16", ["engine.kind=ddp"]))  # a start that failed after writing it
+    corrected = load_recipe("dino/vit_s16", ["engine.kind=fsdp2"])
+    check_resumable(run, corrected)
+    (run.checkpoints / "step_000000010").mkdir()
+    with pytest.raises(ConfigError, match=r"engine\.kind: 'ddp' -> 'fsdp2'"):
+        check_resumable(run, corrected)
+
+
+def test_unwritable_run_directory_is_one_clear_error(recipes, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"run directory .*a_file/run: cannot write there"):
+        RunDir(blocker / "run").check_writable()
+    RunDir(tmp_path / "ok").check_writable()
+    assert (tmp_path / "ok" / "checkpoints").is_dir() and not list((tmp_path / "ok").glob(".write-probe*"))

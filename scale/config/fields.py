@@ -1,0 +1,35 @@
+"""Recipe fields with a rule the loader checks before anything runs. Declare the rule where the field is declared:
+
+    kind: str = choice("fsdp2", ["ddp", "fsdp2", "deepspeed"])  # a closed set: a list, or a function returning one
+    workers: int = at_least(4, 0)  # a lower bound; for a list, of each element; None always passes
+    flip_p: float = within(0.5, 0.0, 1.0)  # both bounds, inclusive
+
+Adding a choice is adding it to the list; adding a checked field is declaring it with one of these.
+scale/config/validate.py reads the rules back from the dataclass fields' metadata.
+"""
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import field
+from typing import Any
+
+Choices = Sequence[Any] | Callable[[], Sequence[Any]]
+
+
+def _field(default: Any, **rule: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=rule)
+    return field(default=default, metadata=rule)
+
+
+def choice(default: Any, choices: Choices) -> Any:
+    """A field whose value must be one of `choices` (a function is called at check time: registries)."""
+    return _field(default, choices=choices)
+
+
+def at_least(default: Any, low: float) -> Any:
+    return _field(default, low=low)
+
+
+def within(default: Any, low: float, high: float) -> Any:
+    return _field(default, low=low, high=high)

@@ -1,0 +1,126 @@
+"""Check a merged recipe before anything runs: the field rules declared in the schema (scale/config/fields.py),
+then the rules that relate several fields. Every failure names where the value came from (a recipe file or the
+command line), the dotted key, the value and what is valid."""
+
+import dataclasses
+import difflib
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from scale.errors import ConfigError
+
+# method.kind -> the data.views.kind it can train on (self-supervised methods need crops, class heads labels)
+VIEWS_FOR_METHOD = {
+    "dino": ("multicrop", "two_view"),
+    "esvit": ("multicrop", "two_view"),
+    "mocov3": ("multicrop", "two_view"),
+    "drloc": ("supervised", "eval"),
+    "supervised": ("supervised", "eval"),
+}
+
+
+class Origins:
+    """Which source set each dotted key last: a recipe file of the `base:` chain or the command line."""
+
+    def __init__(self) -> None:
+        self._source: dict[str, str] = {}
+
+    def record(self, raw: dict, source: str, prefix: str = "") -> None:
+        for key, value in raw.items():
+            dotted = f"{prefix}{key}"
+            self._source[dotted] = source
+            if isinstance(value, dict):
+                self.record(value, source, dotted + ".")
+
+    def of(self, dotted: str) -> str:
+        return self._source.get(dotted, "the schema's default")
+
+
+def _fields(cls: type, node: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any, dict]]:
+    """(dotted key, value, rule) of every leaf field of dataclass `cls`, read from `node`."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        dotted = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _fields(hints[f.name], node[f.name], dotted + ".")
+        else:
+            yield dotted, node[f.name], dict(f.metadata)
+
+
+def _rule_failure(value: Any, rule: dict) -> str | None:
+    """What is wrong with `value` under `rule`, or None."""
+    if "choices" in rule:
+        choices = rule["choices"]() if callable(rule["choices"]) else rule["choices"]
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            return f"is not one of: {', '.join(str(c) for c in choices)}{hint}"
+    low, high = rule.get("low"), rule.get("high")
+    for item in value if isinstance(value, typing.Sequence) and not isinstance(value, str) else [value]:
+        if item is None:
+            continue
+        if low is not None and item < low:
+            return f"must be at least {low}" if high is None else f"must be between {low} and {high}"
+        if high is not None and item > high:
+            return f"must be between {low} and {high}"
+    return None
+
+
+def _cross_field(cfg: DictConfig) -> Iterator[tuple[str, str]]:
+    """(dotted key, what is wrong) for each rule relating several fields that `cfg` breaks."""
+    views, method = cfg.data.views, cfg.method
+    if views.kind not in VIEWS_FOR_METHOD[method.kind]:
+        yield (
+            "data.views.kind",
+            f"method.kind={method.kind} trains on views {' or '.join(VIEWS_FOR_METHOD[method.kind])}",
+        )
+    n_global = views.n_global if views.kind == "multicrop" else 2
+    if method.kind == "mocov3" and n_global != 2:
+        yield "data.views.n_global", f"method.kind=mocov3 needs 2 global views, got {n_global}"
+    if views.kind in ("multicrop", "two_view"):
+        if min(len(views.blur_p), len(views.solarize_p)) < n_global:
+            yield "data.views.blur_p", f"blur_p and solarize_p need one entry per global view ({n_global})"
+    if views.kind == "multicrop" and len(views.local_sizes) != len(views.n_local):
+        yield "data.views.n_local", f"needs one count per entry of data.views.local_sizes {list(views.local_sizes)}"
+    if len(cfg.optim.betas) != 2:
+        yield "optim.betas", "needs 2 values"
+    if cfg.engine.meta_init and cfg.train.init_weights and cfg.engine.kind != "fsdp2":
+        yield "engine.meta_init", "with train.init_weights needs engine.kind=fsdp2"
+
+
+def check_recipe(cfg: DictConfig, schema: type, origins: Origins) -> None:
+    """Raise ConfigError for the first field rule, then the first cross-field rule, that `cfg` breaks."""
+    for dotted, value, rule in _fields(schema, cfg):
+        failure = _rule_failure(value, rule)
+        if failure:
+            raise ConfigError(f"{origins.of(dotted)}: {dotted}={_show(value)} {failure}")
+    for dotted, failure in _cross_field(cfg):
+        raise ConfigError(f"{origins.of(dotted)}: {dotted}={_show(_get(cfg, dotted))}: {failure}")
+
+
+def check_launch(cfg: DictConfig, world_size: int) -> None:
+    """Rules that need the launch: the global batch splits evenly over ranks and accumulation steps, the training
+    data is there."""
+    per_step = world_size * cfg.engine.grad_accum
+    if cfg.train.global_batch % per_step:
+        raise ConfigError(
+            f"train.global_batch={cfg.train.global_batch} is not divisible by {world_size} ranks x "
+            f"engine.grad_accum={cfg.engine.grad_accum} = {per_step}"
+        )
+    if not Path(cfg.data.train).is_dir():
+        raise ConfigError(f"data.train={cfg.data.train}: no such directory (set SCALE_DATA or data.train)")
+
+
+def _get(cfg: DictConfig, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
