@@ -207,7 +207,7 @@ def test_views_must_suit_the_method(recipes):
 
 
 def test_override_value_that_is_not_yaml(recipes):
-    for bad in ["train.max_steps=[1,", "meta.notes=\"open", "meta.notes=@x"]:
+    for bad in ["train.max_steps=[1,", 'meta.notes="open', "meta.notes=@x"]:
         with pytest.raises(ConfigError, match=r"command line: override '.*': the value is not valid YAML"):
             load_recipe("dino/vit_s16", [bad])
 
@@ -262,3 +262,9 @@ def test_unwritable_run_directory_is_one_clear_error(recipes, tmp_path, capsys):
         RunDir(blocker / "run").check_writable()
     RunDir(tmp_path / "ok").check_writable()
     assert (tmp_path / "ok" / "checkpoints").is_dir() and not list((tmp_path / "ok").glob(".write-probe*"))
+
+
+def test_train_checks_the_launch_before_spawning(recipes, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "dino/vit_s16", "train.global_batch=3", "--run-dir", str(run), "--nproc", "2"]) == 2
+    assert "train.global_batch=3 is not divisible by 2 ranks" in capsys.readouterr().err
