@@ -137,7 +137,7 @@ def benchmark(recipe: str, overrides: list[str], out: Path, env: dict, nproc: in
 
 
 def _planned_steps(recipe: str, overrides: list[str]) -> int:
-    from scale.data.loader import build_loader
+    from scale.data.factory import build_loader
 
     cfg = load_recipe(recipe, overrides)
     loader = build_loader(cfg.data, "train", cfg.train.global_batch, 0, 1, cfg.train.seed, cfg.train.samples_per_epoch)

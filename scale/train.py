@@ -16,7 +16,7 @@ from scale.checkpoint.init import load_backbone_weights
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.batch import split_batch
-from scale.data.loader import build_loader
+from scale.data.factory import build_loader
 from scale.engine import build_engine
 from scale.engine.dist import DistInfo, detect, init_distributed, seed_everything, shutdown
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss, UserError

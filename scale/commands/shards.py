@@ -67,7 +67,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_dali_index(args) -> int:
-    from scale.data.dali.index import write_dali_indexes
+    from scale.data.shards import write_dali_indexes
 
     paths = write_dali_indexes(args.dir)
     print(f"{args.dir}: {len(paths)} DALI index file(s) up to date")

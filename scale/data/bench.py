@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from scale.data.loader import ShardReader, build_loader, collate
+from scale.data.factory import build_loader
+from scale.data.loader import ShardReader, collate
 from scale.data.reference import ReferenceDino
 from scale.data.shards import read_manifest
 from scale.data.views import build_views

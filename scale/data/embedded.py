@@ -112,7 +112,7 @@ def build(name: str, out_dir, progress: bool = False) -> dict:
     """Build embedded data set `name` as shards and return {"train": Path, "val": Path}.
 
     Layout: out_dir/train and out_dir/val are shard directories (`_info.json` manifest, `shard-NNNNNN.tar` of at
-    most 256 samples each, `shard-NNNNNN.idx`, `_skipped.tsv`), readable by `scale.data.loader.build_loader` by
+    most 256 samples each, `shard-NNNNNN.idx`, `_skipped.tsv`), readable by `scale.data.factory.build_loader` by
     pointing `data.train` / `data.val` at them. A rerun on a complete directory only checks it.
     """
     out_dir = Path(out_dir)

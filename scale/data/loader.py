@@ -49,7 +49,6 @@ from scale.data.views import build_views, normalize
 from scale.errors import UserError
 
 MODES = ("epochs", "resampled")
-BACKENDS = ("torchvision", "dali")
 
 
 class SampleError(Exception):
@@ -401,25 +400,3 @@ class Loader:
                 f"{self.global_batch}: the sample position would not be exact"
             )
         self.position = int(state["position"])
-
-
-def build_loader(
-    data_cfg,
-    split: str,
-    global_batch: int,
-    rank: int,
-    world_size: int,
-    seed: int,
-    samples_per_epoch: int | None = None,
-    views_cfg=None,
-) -> Loader:
-    """A loader over data_cfg.train or data_cfg.val (see the module docstring for what it guarantees); with
-    data.backend=dali, the crop views (multicrop, two_view) come from scale.data.dali and the others from here."""
-    if data_cfg.backend not in BACKENDS:
-        raise UserError(f"data.backend must be one of {', '.join(BACKENDS)}, got '{data_cfg.backend}'")
-    kind = (views_cfg if views_cfg is not None else data_cfg.views).kind
-    if data_cfg.backend == "dali" and kind in ("multicrop", "two_view"):
-        from scale.data.dali import build_dali_loader
-
-        return build_dali_loader(data_cfg, split, global_batch, rank, world_size, seed, samples_per_epoch, views_cfg)
-    return Loader(data_cfg, split, global_batch, rank, world_size, seed, samples_per_epoch, views_cfg)

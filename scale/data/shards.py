@@ -2,7 +2,7 @@
 
 A shard directory holds `shard-NNNNNN.tar` files, one `shard-NNNNNN.idx` per tar (member offsets, so a loader can
 read any sample by its position; it is also the marker that the shard is complete), one `shard-NNNNNN.dali-idx` (the
-same offsets in the format of DALI's webdataset reader: scale/data/dali/index.py) and the manifest `_info.json`:
+same offsets in the format of DALI's webdataset reader, written at the end of this module) and the manifest `_info.json`:
 
     {"format": "scale-shards-1", "source": "...", "label_kind": "single" | "multi" | "none",
      "classes": [names...], "num_samples": N, "num_skipped": K, "options": {...build options...},
@@ -23,6 +23,7 @@ import io
 import json
 import os
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -283,9 +284,7 @@ def build_shards(
         ],
     }
     _atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=1))
-    from scale.data.dali.index import write_dali_indexes  # DALI's reader index (plain text; needs no DALI)
-
-    write_dali_indexes(out_dir, manifest)
+    write_dali_indexes(out_dir, manifest)  # DALI's reader index (plain text; needs no DALI)
     return manifest
 
 
@@ -356,3 +355,55 @@ def _check_sample(f, path, key, exts, needs_label, decode) -> list[str]:
         except BadImage as err:
             return [f"{path}: sample {key}: image does not decode ({err})"]
     return []
+
+
+# ------------------------------------------------------------------------------------------- DALI's index files
+# For `fn.readers.webdataset` (data.backend=dali), written from the shards' own member index (no DALI needed).
+# DALI's format (its wds2idx tool): a line `v1.2 N`, then one line per sample with `ext offset size name` for each
+# member. The file is `shard-NNNNNN.dali-idx` beside `shard-NNNNNN.tar` (`.idx` is the shards' own JSON index). It is
+# written by `scale shards build` and `scale shards dali-index DIR`; a loader finding it missing or older than its
+# tar writes it again, into a temporary directory when the shard directory is read-only.
+
+
+def dali_index_name(tar_name: str) -> str:
+    return f"{tar_name.removesuffix('.tar')}.dali-idx"
+
+
+def dali_index_text(members: list) -> str:
+    lines = [f"v1.2 {len(members)}"]
+    for key, exts in members:
+        lines.append(" ".join(f"{ext} {offset} {size} {key}.{ext}" for ext, (offset, size) in exts.items()))
+    return "\n".join(lines) + "\n"
+
+
+def _fresh(index: Path, tar: Path) -> bool:
+    return index.is_file() and index.stat().st_mtime >= tar.stat().st_mtime
+
+
+def write_dali_indexes(shard_dir, manifest: dict = None, out_dir=None) -> list[Path]:
+    """Write the DALI index of every non-empty shard whose index is missing or stale; their paths, in manifest
+    order. out_dir defaults to the shard directory."""
+    shard_dir = Path(shard_dir)
+    manifest = manifest or read_manifest(shard_dir)
+    out_dir = Path(out_dir or shard_dir)
+    paths = []
+    for shard in manifest["shards"]:
+        if int(shard["count"]) == 0:
+            continue
+        tar, index = shard_dir / shard["name"], out_dir / dali_index_name(shard["name"])
+        if not _fresh(index, tar):
+            members, _ = read_index(shard_dir, shard)  # a truncated tar keeps its readable samples
+            tmp = index.with_name(f".{index.name}.tmp-{os.getpid()}")
+            tmp.write_text(dali_index_text(members))
+            os.replace(tmp, index)
+        paths.append(index)
+    return paths
+
+
+def dali_index_paths(shard_dir, manifest: dict) -> list[Path]:
+    """The DALI indexes of a shard directory, written where missing: beside the shards, or in a temporary
+    directory when the shard directory is not writable."""
+    try:
+        return write_dali_indexes(shard_dir, manifest)
+    except OSError:  # read-only file system or no permission
+        return write_dali_indexes(shard_dir, manifest, tempfile.mkdtemp(prefix="scale-dali-idx-"))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scale.data.loader import build_loader
+from scale.data.factory import build_loader
 from scale.errors import UserError
 from tests.data.helpers import good_shards, jpeg, tiny_cfg, write_manifest, write_tar
 

@@ -12,10 +12,10 @@ import torch
 pytest.importorskip("nvidia.dali", reason="DALI not installed (pip install 'scale[dali]')")
 
 from scale.data import embedded  # noqa: E402
-from scale.data.dali.index import write_dali_indexes  # noqa: E402
 from scale.data.dali.loader import DaliLoader, resolve_device  # noqa: E402
 from scale.data.dali.pipeline import PARAMS, build_pipeline  # noqa: E402
-from scale.data.loader import build_loader  # noqa: E402
+from scale.data.factory import build_loader  # noqa: E402
+from scale.data.shards import write_dali_indexes  # noqa: E402
 from scale.data.views import random_resized_crop_box  # noqa: E402
 from scale.errors import UserError  # noqa: E402
 from tests.data.helpers import tiny_cfg  # noqa: E402

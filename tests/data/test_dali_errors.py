@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from scale.data.loader import Loader, build_loader
+from scale.data.factory import build_loader
+from scale.data.loader import Loader
 from scale.errors import UserError
 from tests.data.helpers import good_shards, tiny_cfg
 

@@ -2,7 +2,8 @@
 
 import torch
 
-from scale.data.loader import EpochOrder, build_loader
+from scale.data.factory import build_loader
+from scale.data.loader import EpochOrder
 from tests.data.helpers import good_shards, tiny_cfg
 
 

@@ -1,6 +1,6 @@
 """`data.backend: dali`: the multi-crop views made by an NVIDIA DALI pipeline from the same shards (extra `dali`).
 
-- index.py: DALI's index files, written from the shards' own member index (no DALI needed).
+- DALI's index files are part of the shard directory: scale/data/shards.py writes them (no DALI needed).
 - pipeline.py: the DALI graph (reader sharded by rank, one decode, one chain per view).
 - loader.py: DaliLoader, the loader interface of scale/data/loader.py over that pipeline.
 
@@ -25,7 +25,7 @@ def require_dali():
 
 
 def build_dali_loader(*args, **kwargs):
-    """DaliLoader(*args, **kwargs) (the arguments of scale.data.loader.build_loader), after checking that DALI is
+    """DaliLoader(*args, **kwargs) (the arguments of scale.data.factory.build_loader), after checking that DALI is
     installed."""
     require_dali()
     from scale.data.dali.loader import DaliLoader
