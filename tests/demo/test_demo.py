@@ -32,7 +32,7 @@ def test_demo_story_end_to_end(tmp_path, capfd, monkeypatch):
     before = json.loads((run / "eval" / "knn_before.json").read_text())
     after = json.loads((run / "eval" / "knn_after.json").read_text())
     assert before["random_init"] and not after["random_init"]
-    assert 0 <= before["top1"] <= 100 and 0 <= after["top1"] <= 100
+    _assert_knn_reported(before, after, text)
     assert f"random init {before['top1']:.1f}% -> trained {after['top1']:.1f}%" in out
 
 
@@ -46,5 +46,17 @@ def test_demo_story_for_the_other_methods(method, tmp_path, capfd, monkeypatch):
     assert "interrupted at step" in out and "resuming from its latest checkpoint" in out
     steps = [m["step"] for m in read_metrics(run / "metrics.jsonl")]
     assert max(steps) == 4 and len(set(steps)) == len(steps)
+    before = json.loads((run / "eval" / "knn_before.json").read_text())
     after = json.loads((run / "eval" / "knn_after.json").read_text())
-    assert not after["random_init"] and 0 <= after["top1"] <= 100
+    _assert_knn_reported(before, after, report.read_text())
+
+
+def _assert_knn_reported(before: dict, after: dict, report: str) -> None:
+    """Both k-NN runs measured the same split with the same k, the second one the trained weights (twelve steps
+    move every k's accuracy; a gain is not asserted: tests/eval/test_dino_beats_random_init.py trains long enough
+    for one), and the report shows the measured numbers."""
+    assert before["random_init"] and not after["random_init"] and after["weights"].endswith(".safetensors")
+    assert before["k"] == after["k"] and before["test_samples"] == after["test_samples"] > 0
+    assert before["per_k"] != after["per_k"]
+    assert f"| random init | {before['top1']:.2f} | {before['top5']:.2f} |" in report
+    assert f"| trained | {after['top1']:.2f} | {after['top5']:.2f} |" in report
