@@ -20,12 +20,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Options and positional arguments in any order: `scale train R --nproc 2 key=value` gives the command's list
+    of positionals (the overrides, run directories) the words argparse leaves over once that list is closed."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        lists = [a for a in _command_parser(parser, argv)._actions if not a.option_strings and a.nargs in ("*", "+")]
+        if not lists or any(word.startswith("-") for word in extras):
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        getattr(args, lists[0].dest).extend(extras)
+    return args
+
+
+def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub-)sub-command that argv names."""
+    for word in argv:
+        commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if commands and word in commands[0].choices:
+            parser = commands[0].choices[word]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     # a crash in native code (a NCCL or gloo abort, a segfault) prints every thread's Python stack to the rank's
     # log, so that the step that died can be found (the process's own stderr: sys.stderr may be a redirection)
     faulthandler.enable(file=sys.__stderr__, all_threads=True)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, sys.argv[1:] if argv is None else argv)
     try:
         return args.func(args) or 0
     except UserError as err:

@@ -255,7 +255,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     from scale.engine.dist import shutdown
 
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)
     try:
         rows, text = TABLES[args.table](args, Measure(args))
     finally:

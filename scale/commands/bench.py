@@ -30,7 +30,7 @@ def bench_data(argv: list[str]) -> int:
     from scale.config import load_recipe
     from scale.data.bench import bench_dali, bench_views, dali_available
 
-    args = _data_parser().parse_args(argv)
+    args = _data_parser().parse_intermixed_args(argv)
     cfg = load_recipe(args.recipe, args.overrides)
     result = bench_views(cfg.data.views, args.shards or cfg.data.train, workers=args.workers, images=args.images)
     print(f"{result['images']} images, {result['workers']} worker(s)")
@@ -96,7 +96,7 @@ def bench_train(argv: list[str]) -> int:
     from scale.config import load_recipe
     from scale.launch.local import already_launched, spawn
 
-    args = _train_parser().parse_args(argv)
+    args = _train_parser().parse_intermixed_args(argv)
     load_recipe(args.recipe, args.overrides)  # validate before spawning anything
     if args.nproc > 1 and not already_launched():
         return spawn(args.nproc, ["bench", *without_nproc(argv)])
@@ -140,7 +140,7 @@ def bench_ckpt(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=12, help="training steps per run")
     parser.add_argument("--every", type=int, default=3, help="checkpoint every this many steps")
     parser.add_argument("--nproc", type=int, default=2, help="local processes (CPU: gloo)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     print(table(measure(args.recipe, args.overrides, args.steps, args.every, args.nproc)))
     return 0
 

@@ -1,0 +1,38 @@
+"""The command line: options and overrides in any order, for every sub-command."""
+
+import pytest
+
+from scale.cli import build_parser, main, parse_args
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "R", "a.b=1", "--nproc", "2", "c.d=2", "--run-dir", "x"],
+        ["train", "R", "--nproc", "2", "a.b=1", "c.d=2", "--run-dir", "x"],
+        ["train", "--run-dir", "x", "R", "a.b=1", "--nproc", "2", "c.d=2"],
+    ],
+)
+def test_train_takes_options_and_overrides_in_any_order(argv):
+    args = parse_args(build_parser(), argv)
+    assert (args.recipe, args.overrides, args.nproc, args.run_dir) == ("R", ["a.b=1", "c.d=2"], 2, "x")
+
+
+def test_nested_subcommand_and_unknown_option():
+    args = parse_args(build_parser(), ["recipes", "show", "R", "a.b=1", "c.d=2"])
+    assert args.overrides == ["a.b=1", "c.d=2"]
+    with pytest.raises(SystemExit):
+        parse_args(build_parser(), ["train", "R", "--nproc", "2", "--no-such-option"])
+    with pytest.raises(SystemExit):  # a command without overrides takes no extra words
+        parse_args(build_parser(), ["status", "runs/x", "a.b=1"])
+
+
+def test_bench_override_after_an_option_reaches_the_recipe(capsys):
+    # the override is read (and rejected by the recipe check, exit 2) instead of "unrecognized arguments"
+    assert main(["bench", "demo/dino_tiny", "--synthetic-data", "train.epochs=0", "--steps", "1"]) == 2
+    assert "command line: train.epochs=0 must be at least 1" in capsys.readouterr().err
+
+
+def test_report_takes_run_directories_around_options(tmp_path):
+    args = parse_args(build_parser(), ["report", "a", "--out", str(tmp_path), "b"])
+    assert args.run_dirs == ["a", "b"] and args.out == str(tmp_path)
