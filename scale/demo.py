@@ -3,6 +3,7 @@ interrupted once and resumed, k-NN of the trained teacher, a throughput measurem
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,8 @@ from scale.rundir import read_metrics
 log = logging.getLogger(__name__)
 
 BENCH_STEPS = 6
+# a signal to the demo is passed on to the command it is running, whose launcher passes it on to its ranks
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 STORIES = {  # method -> (recipe, embedded data set, which backbone is evaluated)
     "dino": ("demo/dino_tiny", "digits", "teacher-backbone"),
@@ -38,8 +41,30 @@ def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
 
 
-def scale_command(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "scale.cli", *args], env=env)
+def run_scale(args: list[str], env: dict, **popen_kwargs) -> tuple[int, str]:
+    """`scale *args` to its end: its exit status and what it printed to a pipe. A signal to the demo meanwhile is
+    passed on to it and, once it has exited (a run checkpoints first), stops the demo with status 128 + signal."""
+    procs, received = [], []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}  # before the start: no signal is missed
+    try:
+        procs.append(subprocess.Popen([sys.executable, "-m", "scale.cli", *args], env=env, text=True, **popen_kwargs))
+        if received:
+            procs[0].send_signal(received[0])
+        out, _ = procs[0].communicate()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        say(f"stopped by {signal.Signals(received[0]).name}: `scale {args[0]}` has exited, nothing is left running")
+        raise SystemExit(128 + received[0])
+    return procs[0].returncode, out or ""
 
 
 def train_with_interruption(
@@ -49,13 +74,13 @@ def train_with_interruption(
     the run checkpoints and exits for requeue, and is resumed from its checkpoint."""
     args = ["train", recipe, *overrides, "--run-dir", str(run_dir), "--nproc", str(nproc)]
     say(f"the run will receive SIGUSR1 after step {interrupt_at}, like a preemption notice")
-    status = scale_command(args, {**env, faults.ENV: faults.spec("preempt", interrupt_at)}).wait()
+    status, _ = run_scale(args, {**env, faults.ENV: faults.spec("preempt", interrupt_at)})
     if status == PREEMPTED_EXIT_CODE:
         say(
             f"interrupted at step {interrupt_at}: the run checkpointed and exited for requeue; resuming from its "
             f"latest checkpoint"
         )
-        status = scale_command(args, env).wait()
+        status, _ = run_scale(args, env)
     elif status == 0:
         raise UserError(f"the run finished without being interrupted at step {interrupt_at}; see {run_dir / 'logs'}")
     if status != 0:
@@ -126,14 +151,12 @@ def benchmark(recipe: str, overrides: list[str], out: Path, env: dict, nproc: in
         str(out / "bench.json"),
     ]
     with open(out / "bench.log", "w") as log_file:
-        status = subprocess.run(
-            [sys.executable, "-m", "scale.cli", *args], env=env, stdout=subprocess.PIPE, stderr=log_file, text=True
-        )
-    (out / "bench.txt").write_text(status.stdout)
-    if status.returncode != 0:
-        raise UserError(f"the benchmark failed with exit status {status.returncode}; see {out / 'bench.log'}")
-    print(status.stdout, end="", flush=True)
-    return status.stdout
+        status, table = run_scale(args, env, stdout=subprocess.PIPE, stderr=log_file)
+    (out / "bench.txt").write_text(table)
+    if status != 0:
+        raise UserError(f"the benchmark failed with exit status {status}; see {out / 'bench.log'}")
+    print(table, end="", flush=True)
+    return table
 
 
 def _planned_steps(recipe: str, overrides: list[str]) -> int:
