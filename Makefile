@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test test-fast lint venv clean
 
 venv: $(STAMP)
 
@@ -20,8 +20,13 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/scale demo
 
+# the full suite: what CI runs
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# the unit tier for inner loops: everything but the tests marked slow (multi-process, end-to-end, Slurm, demo)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

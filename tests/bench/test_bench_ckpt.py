@@ -1,7 +1,11 @@
 """`scale bench ckpt` reports what the runs' checkpoints really were: count, size, save time and stall."""
 
+import pytest
+
 from scale.bench.checkpoint import measure, table
 from tests.helpers_run import TINY, embedded_data  # noqa: F401
+
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
 
 def test_checkpoint_benchmark_sync_vs_async(embedded_data, monkeypatch):  # noqa: F811

@@ -17,6 +17,8 @@ from scale.config import load_recipe
 from scale.engine.dist import init_distributed, shutdown
 from scale.recipes.smoke import smoke_overrides
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))
 TINY = ["train.global_batch=4", "model.drop_path=0.1"]
 

@@ -11,6 +11,8 @@ from scale.config import load_recipe
 from scale.models import build_backbone
 from tests.helpers_run import TINY, embedded_data, run_train  # noqa: F401
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 FROZEN = TINY + ["train.max_steps=1", "optim.lr=0.0", "optim.min_lr=0.0", "optim.clip_grad=0.0"]
 
 

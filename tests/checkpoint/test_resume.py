@@ -11,6 +11,8 @@ from scale.checkpoint.store import resolve
 from scale.errors import PREEMPTED_EXIT_CODE
 from tests.helpers_run import TINY, embedded_data, run_train  # noqa: F401
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 STEPS = 6
 # the monitors every step: a resumed run must report what the uninterrupted one did (their state is checkpointed)
 COMMON = TINY + [

@@ -8,6 +8,8 @@ import pytest
 from scale.demo import run_demo
 from scale.rundir import read_metrics
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 
 def test_demo_story_end_to_end(tmp_path, capfd, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -7,6 +7,8 @@ import torch
 from engine_toy import FROZEN_STEPS, LR, ToyMethod, load_and_finish, many, reference_run, resume_job, run_jobs, spawn
 from test_engine_parity import PARAM_NAMES, assert_same_run
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 pytest.importorskip("deepspeed")
 NO_FREEZE = {"frozen_steps": 0}  # DeepSpeed's Adam step count is per flat group: compare freezing separately
 

@@ -18,6 +18,8 @@ from engine_toy import (
 )
 from test_engine_parity import PARAM_NAMES, TEACHER_NAMES, assert_same_run
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 
 @pytest.fixture(scope="module")
 def misc(tmp_path_factory):

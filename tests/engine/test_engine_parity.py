@@ -6,6 +6,8 @@ import pytest
 import torch
 from engine_toy import STEPS, ToyMethod, reference_run, run_jobs, spawn
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 PARAM_NAMES = [n for n, _ in ToyMethod().student.named_parameters()]
 TEACHER_NAMES = [n for n, _ in ToyMethod().teacher.named_parameters()]
 

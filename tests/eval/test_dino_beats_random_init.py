@@ -2,9 +2,13 @@
 on the embedded digits. The run is the demo recipe at a quarter of its compute (660 steps at batch 32, one process,
 about two minutes)."""
 
+import pytest
+
 from scale.checkpoint.export import export
 from scale.demo import knn_of
 from tests.helpers_run import embedded_data, run_train  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
 MARGIN = 5.0  # k-NN top-1 points; measured here: 40.3% at random init -> 47.8% after these 660 steps
 OVERRIDES = ["train.epochs=15", "train.global_batch=32"]

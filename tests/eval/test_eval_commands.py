@@ -95,6 +95,7 @@ def test_knn_matches_direct_computation_and_features_reload(data, tmp_path):
     assert reloaded["per_k"] == result["per_k"] and reloaded["random_init"] and meta["num_classes"] == 10
 
 
+@pytest.mark.slow  # spawns ranks
 def test_knn_on_two_ranks_equals_one_rank(data, tmp_path):
     root, recipe = data
     small = [f"data.train={root}/digits/val", f"data.val={root}/photos/val", "model.name=vit_nano"]

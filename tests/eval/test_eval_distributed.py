@@ -8,6 +8,8 @@ from scale.eval.linear import LinearHeads, run_probe
 from scale.eval.monitor import KnnMonitor
 from tests.engine.engine_toy import spawn
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 
 def stream(seed, steps, batch, classes=4, dim=8):
     g = torch.Generator().manual_seed(seed)

@@ -74,6 +74,7 @@ def test_accuracy_counts_only_own_samples_top1_and_top5():
     assert result == {"top1": pytest.approx(100 * 3 / 5), "top5": pytest.approx(100 * 4 / 5), "samples": 5}
 
 
+@pytest.mark.slow  # spawns ranks
 def test_finetune_is_a_training_run_whose_val_top1_is_the_exported_models(data, tmp_path):
     root, recipe = data
     run_dir, out = tmp_path / "run", tmp_path / "finetune.json"

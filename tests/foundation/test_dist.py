@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from scale.engine.dist import detect, first_host, free_port
+
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
 WORKER = str(Path(__file__).with_name("allreduce_worker.py"))
 SHUTDOWN_WORKER = str(Path(__file__).with_name("shutdown_worker.py"))

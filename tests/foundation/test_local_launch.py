@@ -3,8 +3,12 @@
 import subprocess
 import sys
 
+import pytest
+
 from scale.errors import PREEMPTED_EXIT_CODE
 from scale.launch.local import _wait
+
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
 
 def rank(tmp_path, name: str, delay: float, status: int) -> subprocess.Popen:

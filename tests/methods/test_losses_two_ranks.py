@@ -2,6 +2,7 @@
 must equal a single process holding all of it (DINO's center, MoCo's gathered keys with offset labels, SimCLR's
 negatives, Sinkhorn-Knopp over the global batch)."""
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -10,6 +11,8 @@ from scale.methods.mocov3 import contrastive
 from scale.methods.simclr import nt_xent
 from scale.methods.sinkhorn import sinkhorn_knopp
 from tests.engine.engine_toy import all_ranks, spawn
+
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
 
 def data():

@@ -10,6 +10,8 @@ from scale.config import list_recipes, recipe_name
 from scale.config.load import recipes_dir
 from scale.recipes.check import check_recipe, within_rounding
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 RECIPES = [recipe_name(p) for p in list_recipes()]
 
 

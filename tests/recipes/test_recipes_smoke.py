@@ -11,6 +11,8 @@ from scale.recipes.check import missing_pieces
 from scale.recipes.smoke import PER_RANK_BATCH, RANKS, smoke_overrides, smoke_run, tiny_model_name
 from tests.recipes.conftest import smoke_params
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 RECIPES = [recipe_name(p) for p in list_recipes()]
 
 

@@ -14,7 +14,7 @@ from scale.cli import main as cli
 from scale.errors import PREEMPTED_EXIT_CODE
 from scale.launch import slurm
 
-pytestmark = pytest.mark.usefixtures("slurm_cluster")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
 # Stands in for `python -m scale.cli train RECIPE ... --run-dir DIR`: records each start, and on the first start
 # waits for SIGUSR1 or SIGTERM and exits as `scale train` does after its preemption checkpoint, rank 1 later.

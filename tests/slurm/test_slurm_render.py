@@ -218,6 +218,7 @@ def test_gpu_job_runs_one_task_per_gpu_with_nccl_defaults(recipe, tmp_path, monk
     assert "srun --kill-on-bad-exit=1 --cpus-per-task=10 " in text
 
 
+@pytest.mark.slow  # spawns ranks
 def test_quoting_the_tasks_get_exactly_the_recipe_overrides_and_run_dir(recipe, tmp_path, fake_slurm):
     run_dir = tmp_path / "run dir 'x'"
     overrides = [EVIL, "optim.lr=0.001", "meta.row=a b"]
@@ -255,6 +256,7 @@ def test_relative_recipe_path_is_passed_on_absolute(recipe, tmp_path, monkeypatc
     assert job.recipe == str(recipe)
 
 
+@pytest.mark.slow  # spawns ranks
 def test_preempted_tasks_requeue_the_job(recipe, tmp_path, fake_slurm):
     """Preempted tasks exit 0 (so that srun --kill-on-bad-exit does not end the slower ones) and leave the marker
     file; the script requeues on it and removes it. A bare preemption status (3) from srun requeues too."""
@@ -273,6 +275,7 @@ def test_preempted_tasks_requeue_the_job(recipe, tmp_path, fake_slurm):
         assert not marker.exists()
 
 
+@pytest.mark.slow  # spawns ranks
 def test_failed_requeue_and_other_failures_keep_their_status(recipe, tmp_path, fake_slurm):
     script = slurm.write(slurm.plan(str(recipe), [], tmp_path / "run", slurm.SlurmOptions()))
     out = run_script(script, fake_slurm, cwd=tmp_path, FAKE_SRUN_MODE="exit:1")
@@ -300,6 +303,7 @@ def _start_waiting_job(script: Path, env: dict, cwd: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # spawns ranks
 def test_usr1_to_the_batch_shell_is_relayed_to_the_tasks(recipe, tmp_path, fake_slurm):
     script = slurm.write(slurm.plan(str(recipe), [], tmp_path / "run", slurm.SlurmOptions()))
     proc = _start_waiting_job(script, fake_slurm, tmp_path)
@@ -310,6 +314,7 @@ def test_usr1_to_the_batch_shell_is_relayed_to_the_tasks(recipe, tmp_path, fake_
     assert "requeue 4321" in scontrol_calls(fake_slurm)
 
 
+@pytest.mark.slow  # spawns ranks
 def test_sigterm_keeps_the_batch_shell_alive_until_the_tasks_checkpoint_and_is_not_requeued(
     recipe, tmp_path, fake_slurm
 ):
@@ -336,6 +341,7 @@ SWEEP = """\
 """
 
 
+@pytest.mark.slow  # spawns ranks
 def test_sweep_is_one_array_task_and_run_directory_per_override_set(recipe, tmp_path, fake_slurm):
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(SWEEP)

@@ -20,7 +20,7 @@ except ImportError:
 
 from tests.helpers_run import embedded_data  # noqa: E402,F401
 
-pytestmark = pytest.mark.usefixtures("slurm_cluster")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
 RECIPE = str(Path(__file__).resolve().parent / "tiny_dino.yaml")
 
