@@ -31,6 +31,7 @@ from scale.bench.memory import MemoryTrace
 from scale.bench.synthetic import SyntheticLoader, crop_layout
 from scale.bench.trace import trace_step
 from scale.engine.dist import DistInfo
+from scale.engine.parallel import as_parallel
 from scale.rundir import RunDir
 from scale.train import Trainer, train_loader
 
@@ -63,7 +64,7 @@ class BenchTrainer(Trainer):
     directory, checkpoints or initial weights."""
 
     def __init__(self, cfg, info: DistInfo, device: torch.device, make_loader: Callable[[], object], phase):
-        self.cfg, self.info, self.device = cfg, info, device
+        self.cfg, self.info, self.device = cfg, as_parallel(info, device, cfg.engine.shard_size), device
         self.run = RunDir(Path(tempfile.gettempdir()) / "scale-bench")  # only named in error messages
         self.phase = phase
         self.build_step(make_loader, max_schedule_steps_per_epoch=SCHEDULE_STEPS_PER_EPOCH)
