@@ -4,10 +4,13 @@ uninterrupted single-process reference (the toy's batch of each step is fixed, s
 
 import pytest
 import torch
-from engine_toy import engine_run, load_and_finish, reference_run, spawn
+from engine_toy import ToyMethod, engine_run, load_and_finish, reference_run, spawn
 
 SPLIT = 3  # steps before the checkpoint
 HSDP_2X2, FLAT_4 = {"kind": "fsdp2", "shard_size": 2}, {"kind": "fsdp2"}
+# parameters only: BatchNorm statistics are per rank (no SyncBN on CPU), as in the parity tests
+PARAMS = {"student": [n for n, _ in ToyMethod().student.named_parameters()]}
+PARAMS["teacher"] = [n for n, _ in ToyMethod().teacher.named_parameters()]
 ON_4_RANKS = {"1x4": {"kind": "fsdp2", "shard_size": 4}, "4x1": {"kind": "fsdp2", "shard_size": 1}}
 
 
@@ -47,6 +50,6 @@ def test_the_saved_runs_match_the_reference(runs, reference):
 def test_resume_on_another_mesh_continues_the_run(runs, reference, shape):
     run = runs["resumed"][shape]
     assert run["losses"] == pytest.approx(reference["losses"][SPLIT:], abs=1e-5)
-    for which in ("student", "teacher"):
-        for name, value in reference[which].items():
-            torch.testing.assert_close(run[which][name], value, atol=1e-5, rtol=0, msg=f"{which} {name}")
+    for which, names in PARAMS.items():
+        for name in names:
+            torch.testing.assert_close(run[which][name], reference[which][name], atol=1e-5, rtol=0, msg=name)
