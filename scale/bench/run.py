@@ -154,6 +154,7 @@ def bench_config(
     """Collective: one setting's numbers (meaningful on rank 0)."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
+    info = as_parallel(info, device, cfg.engine.shard_size)  # once per setting: its shard_size may differ
     mine = measure_rank(cfg, info, device, steps, warmup, synthetic)
     ranks = [None] * info.world_size
     if dist.is_initialized():
@@ -174,7 +175,8 @@ def bench_config(
     result["images_per_s_per_device"] = result["images_per_s"] / world
     result["crops_per_s_per_device"] = result["crops_per_s"] / world
     if count_flops:
-        trace = trace_step(cfg)  # on every rank: the loss it runs may call collectives (DINO's center)
+        # on every rank: the loss it runs may call collectives (DINO's center)
+        trace = trace_step(cfg, dp_group=info.dp_group)
         peak, source = peak_flops(device, cfg.engine.precision)
         flops = step_flops(trace, batch)
         result.update(
