@@ -65,3 +65,20 @@ def test_loader_splits_by_data_parallel_rank_and_resumes_on_another_mesh(tmp_pat
     for ranks in (contexts(1), contexts(2), contexts(4)):  # 1 rank, a 2-rank and a 4-rank mesh
         rest, _ = global_keys(cfg, ranks, 2, state)
         assert rest == full[2:]
+
+
+def test_deepspeed_hierarchical_partitioning_is_zero3_only():
+    pytest.importorskip("deepspeed")
+    from scale.engine.config import EngineConfig, OptimConfig
+    from scale.engine.deepspeed import DeepSpeedEngine, ds_config
+    from scale.engine.precision import resolve_precision
+
+    two_nodes = ParallelContext(**vars(info(0, 4)), shard_size=2)
+    with pytest.raises(UserError, match="engine.shard_size=2 with engine.kind=deepspeed needs engine.zero_stage=3"):
+        DeepSpeedEngine(EngineConfig(kind="deepspeed", zero_stage=2, shard_size=2), OptimConfig(), two_nodes, CPU)
+    zero3 = DeepSpeedEngine(EngineConfig(kind="deepspeed", zero_stage=3, shard_size=2), OptimConfig(), two_nodes, CPU)
+    assert zero3.hpz_size == 2
+    config = ds_config(zero3.cfg, zero3.optim_cfg, resolve_precision("fp32", CPU), hpz_size=zero3.hpz_size)
+    assert config["zero_optimization"]["zero_hpz_partition_size"] == 2
+    one_group = ParallelContext(**vars(info(0, 4)), shard_size=4)  # shard_size = world: plain ZeRO
+    assert DeepSpeedEngine(EngineConfig(kind="deepspeed", zero_stage=1), OptimConfig(), one_group, CPU).hpz_size == 1
