@@ -2,6 +2,7 @@
 would: MoCo v3's k-NN monitor (its queue of training features) and the gradient spike detector (its history)."""
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 
@@ -10,8 +11,9 @@ from scale.methods.monitors import GradSpikeDetector
 
 
 class Monitors:
-    def __init__(self, cfg: DictConfig, device: torch.device):
-        self.cfg, self.device = cfg, device
+    def __init__(self, cfg: DictConfig, device: torch.device, group: dist.ProcessGroup | None = None):
+        """`group`: the data-parallel group whose ranks' samples the k-NN monitor enqueues."""
+        self.cfg, self.device, self.group = cfg, device, group
         self.knn: KnnMonitor | None = None  # built at the first step with features (their width is known then)
         self.grad = GradSpikeDetector()
 
@@ -26,7 +28,7 @@ class Monitors:
         if not every or features is None or labels.dim() != 1:
             return {}
         if self.knn is None:
-            self.knn = KnnMonitor.from_config(self.cfg, features.shape[1], self.device)
+            self.knn = KnnMonitor.from_config(self.cfg, features.shape[1], self.device, self.group)
         self.knn.update(features.float(), labels)
         return {"knn_monitor_top1": self.knn.accuracy()} if (step + 1) % every == 0 else {}
 
@@ -37,5 +39,5 @@ class Monitors:
     def load_state_dict(self, state: dict) -> None:
         self.grad.load_state_dict(state["grad"])
         if state["knn"] is not None:
-            self.knn = KnnMonitor.from_config(self.cfg, state["knn"]["features"].shape[1], self.device)
+            self.knn = KnnMonitor.from_config(self.cfg, state["knn"]["features"].shape[1], self.device, self.group)
             self.knn.load_state_dict(state["knn"])

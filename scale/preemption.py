@@ -29,8 +29,10 @@ def launcher_status(status: int) -> int:
 
 
 class Preemption:
-    def __init__(self, signal_names: list[str]):
+    def __init__(self, signal_names: list[str], group: dist.ProcessGroup | None = None):
+        """`group`: the ranks that must stop together (the data-parallel group: every rank of the run)."""
         self.received: str | None = None
+        self.group = group
         for name in signal_names:
             sig = getattr(signal, name, None)
             if not isinstance(sig, signal.Signals):
@@ -43,10 +45,10 @@ class Preemption:
     def requested(self) -> bool:
         """True on every rank as soon as any rank received a signal (one tiny all-reduce per call)."""
         flag = torch.tensor([1 if self.received else 0], dtype=torch.int32)
-        if dist.is_initialized():
-            if dist.get_backend() == "nccl":
+        if self.group is not None:
+            if dist.get_backend(self.group) == "nccl":
                 flag = flag.cuda()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if flag.item() and self.received:
             log.warning("received %s: checkpointing and exiting for requeue", self.received)
         return bool(flag.item())

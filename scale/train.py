@@ -19,6 +19,7 @@ from scale.data.batch import split_batch
 from scale.data.factory import build_loader
 from scale.engine import build_engine
 from scale.engine.dist import DistInfo, detect, init_distributed, seed_everything, shutdown
+from scale.engine.parallel import ParallelContext, parallel_context
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss, UserError
 from scale.eval.classify import Validation
 from scale.faults import maybe_inject
@@ -47,7 +48,7 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
         return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root)])
     info, device = init_distributed()
     try:
-        return Trainer(cfg, run, info, device).fit()
+        return Trainer(cfg, run, parallel_context(info, device, cfg.engine.shard_size), device).fit()
     finally:
         shutdown()
 
@@ -62,14 +63,14 @@ def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> None:
         dist.barrier()
 
 
-def train_loader(cfg: DictConfig, info: DistInfo):
-    """This rank's loader over the recipe's training shards."""
+def train_loader(cfg: DictConfig, info: ParallelContext):
+    """This rank's loader over the recipe's training shards: its share among the data-parallel ranks."""
     return build_loader(
         cfg.data,
         "train",
         cfg.train.global_batch,
-        info.rank,
-        info.world_size,
+        info.dp_rank,
+        info.dp_size,
         seed=cfg.train.seed,
         samples_per_epoch=cfg.train.samples_per_epoch,
     )
@@ -83,7 +84,7 @@ class Trainer:
     # entered around the forward, backward and optimizer parts of every step; scale.bench sets a timer
     phase = staticmethod(no_phase)
 
-    def __init__(self, cfg: DictConfig, run: RunDir, info: DistInfo, device: torch.device):
+    def __init__(self, cfg: DictConfig, run: RunDir, info: ParallelContext, device: torch.device):
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
@@ -98,7 +99,7 @@ class Trainer:
             run.checkpoints, cfg, info, self.engine, self.method, self.loader, self.monitors
         )
         self.metrics = MetricsWriter(run, info.is_main)
-        self.preemption = Preemption(list(cfg.train.preempt_signals))
+        self.preemption = Preemption(list(cfg.train.preempt_signals), info.dp_group)
 
     def build_step(
         self, make_loader: Callable[[], object], init_weights: str = "", max_schedule_steps_per_epoch: int | None = None
@@ -115,7 +116,11 @@ class Trainer:
             self.steps_per_epoch = min(self.steps_per_epoch, max_schedule_steps_per_epoch)
         self.total_steps = cfg.train.epochs * self.steps_per_epoch
         self.method = build_method(
-            cfg, self.steps_per_epoch, self.total_steps, device="meta" if cfg.engine.meta_init else None
+            cfg,
+            self.steps_per_epoch,
+            self.total_steps,
+            device="meta" if cfg.engine.meta_init else None,
+            dp_group=info.dp_group,
         )
         self.engine = build_engine(cfg.engine, cfg.optim, info, self.device)
         if init_weights and not cfg.engine.meta_init:
@@ -127,7 +132,7 @@ class Trainer:
             load_backbone_weights(self._modules(), init_weights, sharded=True)
         self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
         self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
-        self.monitors = Monitors(cfg, self.device)
+        self.monitors = Monitors(cfg, self.device, info.dp_group)
 
     def _modules(self) -> list:
         return [m for m in (self.method.student, self.method.teacher) if m is not None]
@@ -143,13 +148,14 @@ class Trainer:
         start = self.checkpointer.resume()
         stop = self.stop_step()
         log.info(
-            "training %s: steps %d..%d of %d (%d per epoch), world size %d, engine %s",
+            "training %s: steps %d..%d of %d (%d per epoch), world size %d (%s), engine %s",
             self.cfg.meta.name,
             start,
             stop,
             self.total_steps,
             self.steps_per_epoch,
             self.info.world_size,
+            self.info.describe(),
             self.cfg.engine.kind,
         )
         batches = self._batches()
@@ -233,8 +239,8 @@ class Trainer:
     def _check_finite(self, loss: torch.Tensor, step: int, batch) -> None:
         """Every rank learns whether any rank's loss is non-finite, before any update is applied."""
         bad = torch.tensor([0.0 if math.isfinite(loss.item()) else 1.0], device=self.device)
-        if dist.is_initialized():
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if self.info.dp_group is not None:
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.info.dp_group)
         if bad.item():
             keys = ", ".join(batch.keys[:4]) + (" ..." if len(batch.keys) > 4 else "")
             raise NonFiniteLoss(

@@ -13,8 +13,19 @@ Memory per rank, from a fake-tensor trace of one step (scale.bench.trace) and th
 The peak is at the end of the forward, with every activation alive: DDP and DeepSpeed hold their gradient buffers
 then, FSDP2 allocates its gradient shards only as backward frees activations (its peak is the larger of the two
 moments).
-Step time: model FLOPs (+ recomputed forwards) at `mfu` of the GPU's peak, plus communication at `bandwidth`
-(ring collectives, (N-1)/N of the bytes per rank each way, no overlap assumed: an upper bound).
+Step time: model FLOPs (+ recomputed forwards) at `mfu` of the GPU's peak, plus communication: the bytes each rank
+sends inside its node at `bandwidth` and across nodes at `inter_bandwidth` (no overlap assumed: an upper bound).
+
+Network: every collective is costed as a ring over its group (ranks numbered node by node): a rank sends (n-1)/n of
+the full tensor for an all-gather or reduce-scatter, twice that for an all-reduce, and of a ring's n hops, one per
+node the group spans crosses nodes (none when it stays in one node). Per step (one optimizer step):
+- DDP: all-reduce of the fp32 gradients over every rank;
+- FSDP2 (full) and ZeRO-3: all-gather of each unit's weights (compute dtype) at each forward and backward, the
+  teacher's at its forwards, and a reduce-scatter of the fp32 gradients, all over every rank;
+- HSDP (engine.shard_size = GPUs per node): those all-gathers and reduce-scatters inside the node only, plus an
+  all-reduce of each rank's 1/G gradient shard across the nodes (one rank per node);
+- ZeRO-1/2: reduce-scatter of the gradients and all-gather of the updated weights over every rank.
+tests/bench/test_plan_network.py checks DDP, FSDP2 and HSDP against the collectives of one real step on gloo.
 """
 
 from dataclasses import dataclass, field
@@ -23,9 +34,9 @@ from scale.bench.flops import step_flops
 from scale.bench.trace import StepTrace
 from scale.errors import UserError
 
-ENGINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")
-SHARDED_WEIGHTS = ("fsdp2", "zero3")
-SHARDED_GRADS = ("fsdp2", "zero2", "zero3")
+ENGINES = ("ddp", "fsdp2", "hsdp", "zero1", "zero2", "zero3")
+SHARDED_WEIGHTS = ("fsdp2", "hsdp", "zero3")
+SHARDED_GRADS = ("fsdp2", "hsdp", "zero2", "zero3")
 MOMENTS = {"adamw": 2, "lamb": 2, "sgd": 1, "lars": 1}
 AC_MODES = (("none", 1), ("every_n", 2), ("full", 1))
 HEADROOM = 0.9  # of the GPU's memory: allocator fragmentation, CUDA context, library workspaces
@@ -38,16 +49,22 @@ class Setting:
     every_n: int = 2
     micro_batch: int = 1  # images per rank per forward
     grad_accum: int = 1
+    shard_size: int = 0  # hsdp: ranks per shard group (a node's GPUs)
+
+    @property
+    def name(self) -> str:
+        return f"hsdp/{self.shard_size}" if self.engine == "hsdp" else self.engine
 
     def label(self) -> str:
         ac = f"every_{self.every_n}" if self.ac == "every_n" else self.ac
-        return f"{self.engine} ac={ac} micro={self.micro_batch} accum={self.grad_accum}"
+        return f"{self.name} ac={ac} micro={self.micro_batch} accum={self.grad_accum}"
 
     def overrides(self) -> list[str]:
         engine = {
             "zero1": ["engine.kind=deepspeed", "engine.zero_stage=1"],
             "zero2": ["engine.kind=deepspeed", "engine.zero_stage=2"],
             "zero3": ["engine.kind=deepspeed", "engine.zero_stage=3"],
+            "hsdp": ["engine.kind=fsdp2", f"engine.shard_size={self.shard_size}"],
         }.get(self.engine, [f"engine.kind={self.engine}"])
         ac = [f"engine.activation_checkpointing={self.ac}"] + (
             [f"engine.ac_every_n={self.every_n}"] if self.ac == "every_n" else []
@@ -61,26 +78,31 @@ class Prediction:
     memory: dict[str, float] = field(default_factory=dict)  # bytes per rank by component, and "total"
     compute_s: float = 0.0
     comm_s: float = 0.0
+    traffic: "Traffic" = None  # bytes each rank sends per step inside its node and across nodes
 
     @property
     def step_s(self) -> float:
         return self.compute_s + self.comm_s
 
 
-def state_bytes(trace: StepTrace, engine: str, world: int, precision: str, optimizer: str) -> dict[str, float]:
-    """Parameters, gradients, optimizer state and teacher held by one rank (as Engine.memory() counts them)."""
+def state_bytes(
+    trace: StepTrace, engine: str, world: int, precision: str, optimizer: str, shard_size: int = 0
+) -> dict[str, float]:
+    """Parameters, gradients, optimizer state and teacher held by one rank (as Engine.memory() counts them);
+    `shard_size`: the ranks HSDP shards over."""
     if engine not in ENGINES:
         raise UserError(f"engine '{engine}' is not one of {', '.join(ENGINES)}")
     if optimizer not in MOMENTS:
         raise UserError(f"optim.name '{optimizer}' is not one of {', '.join(MOMENTS)}")
-    weight_share = 1 / world if engine in SHARDED_WEIGHTS else 1.0
-    grad_share = 1 / world if engine in SHARDED_GRADS else 1.0
+    shards = (shard_size or world) if engine == "hsdp" else world
+    weight_share = 1 / shards if engine in SHARDED_WEIGHTS else 1.0
+    grad_share = 1 / shards if engine in SHARDED_GRADS else 1.0
     weight_bytes = 2 if (precision == "fp16" and engine.startswith("zero")) else 4
     moments = 4 * MOMENTS[optimizer] * trace.trainable
     if engine == "ddp":
         optim = moments
-    elif engine == "fsdp2":
-        optim = moments / world
+    elif engine in ("fsdp2", "hsdp"):
+        optim = moments / shards
     else:
         separate_master = engine in ("zero1", "zero2") or weight_bytes != 4
         optim = (moments + (4 * trace.trainable if separate_master else 0)) / world
@@ -122,20 +144,68 @@ def peak_bytes(memory: dict[str, float], engine: str) -> float:
     return max(total - memory["grads"], total - memory["activations"])
 
 
-def comm_bytes(trace: StepTrace, setting: Setting, world: int, precision: str) -> float:
-    """Bytes each rank sends per optimizer step (ring: (N-1)/N of each collective's size)."""
-    if world == 1:
-        return 0.0
-    share = (world - 1) / world
-    reduce = 4 * trace.trainable  # fp32 gradient reduction
-    if setting.engine not in SHARDED_WEIGHTS:  # all-reduce = reduce-scatter + all-gather
-        return 2 * share * reduce
-    compute_bytes = 4 if precision == "fp32" else 2
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes one rank sends: to ranks of its own node, and to other nodes."""
+
+    intra: float = 0.0
+    inter: float = 0.0
+
+    def __add__(self, other: "Traffic") -> "Traffic":
+        return Traffic(self.intra + other.intra, self.inter + other.inter)
+
+    @property
+    def total(self) -> float:
+        return self.intra + self.inter
+
+
+def ring(op: str, payload: float, ranks: int, nodes: int) -> Traffic:
+    """What one rank sends in a ring `op` (all_reduce | all_gather | reduce_scatter) whose full tensor is `payload`
+    bytes, over `ranks` ranks spanning `nodes` nodes (node by node): `nodes` of the ring's hops cross nodes."""
+    if ranks <= 1:
+        return Traffic()
+    sent = (2 if op == "all_reduce" else 1) * (ranks - 1) / ranks * payload
+    cross = nodes / ranks if nodes > 1 else 0.0
+    return Traffic(sent * (1 - cross), sent * cross)
+
+
+def gathered_weights(trace: StepTrace, setting: Setting) -> float:
+    """Weights (elements) FSDP2 / ZeRO-3 all-gather per optimizer step: each block at each backbone call and every
+    other unit at each student call, forward and backward; the teacher's at its forwards."""
     backbone_calls = len(trace.blocks) / max(trace.depth, 1)
     rest = trace.params - trace.block_params
-    student = 2 * (backbone_calls * trace.block_params + trace.student_calls * rest)  # forward and backward
+    student = 2 * (backbone_calls * trace.block_params + trace.student_calls * rest)
     teacher = trace.teacher_calls / max(trace.student_calls, 1) * (backbone_calls * trace.block_params + rest)
-    return share * (compute_bytes * setting.grad_accum * (student + teacher) + reduce)
+    return setting.grad_accum * (student + teacher)
+
+
+def traffic(trace: StepTrace, setting: Setting, world: int, gpus_per_node: int, precision: str) -> Traffic:
+    """Bytes each rank sends per optimizer step, inside its node and across nodes (see the module docstring)."""
+    nodes = max(world // gpus_per_node, 1)
+    grads = 4 * trace.trainable  # fp32 gradient reduction
+    engine = setting.engine
+    if engine == "ddp":
+        return ring("all_reduce", grads, world, nodes)
+    if engine in ("zero1", "zero2"):
+        weight_bytes = 2 if precision == "fp16" else 4
+        return ring("reduce_scatter", grads, world, nodes) + ring(
+            "all_gather", weight_bytes * trace.trainable, world, nodes
+        )
+    # FSDP2 gathers in the compute dtype; ZeRO-3 gathers its weights as held (fp32, fp16 in DeepSpeed's fp16 mode)
+    compute_bytes = 4 if precision == "fp32" or (engine == "zero3" and precision != "fp16") else 2
+    gathered = compute_bytes * gathered_weights(trace, setting)
+    if engine in ("fsdp2", "zero3"):
+        return ring("all_gather", gathered, world, nodes) + ring("reduce_scatter", grads, world, nodes)
+    shards = setting.shard_size or gpus_per_node  # hsdp: shard groups of consecutive ranks, replicas across them
+    groups = world // shards
+    in_group = ring("all_gather", gathered, shards, max(shards // gpus_per_node, 1))
+    in_group += ring("reduce_scatter", grads, shards, max(shards // gpus_per_node, 1))
+    return in_group + ring("all_reduce", grads / shards, groups, min(groups, nodes))
+
+
+def comm_bytes(trace: StepTrace, setting: Setting, world: int, precision: str) -> float:
+    """Bytes each rank sends per optimizer step, wherever they go."""
+    return traffic(trace, setting, world, world, precision).total
 
 
 def predict(
@@ -147,9 +217,13 @@ def predict(
     peak_flops: float,
     mfu: float,
     bandwidth: float,
+    gpus_per_node: int | None = None,
+    inter_bandwidth: float | None = None,
 ) -> Prediction:
-    """One setting on `world` GPUs: memory per rank, compute and communication seconds per step."""
-    memory = state_bytes(trace, setting.engine, world, precision, optimizer)
+    """One setting on `world` GPUs (`gpus_per_node` per node, default all in one): memory per rank, compute and
+    communication seconds per step (`bandwidth` inside a node, `inter_bandwidth` across nodes)."""
+    gpus_per_node = gpus_per_node or world
+    memory = state_bytes(trace, setting.engine, world, precision, optimizer, setting.shard_size or gpus_per_node)
     memory["buffers"] = trace.buffers
     memory["activations"] = activation_bytes(trace, setting.micro_batch, setting.ac, setting.every_n)
     memory["transient"] = transient_bytes(trace, setting.micro_batch, setting.engine, precision)
@@ -157,18 +231,25 @@ def predict(
     images = setting.micro_batch * setting.grad_accum
     recompute = sum(c.flops for c in trace.blocks if checkpointed(c.index, setting.ac, setting.every_n))
     flops = step_flops(trace, images) + trace.per_image(recompute) * images
+    sent = traffic(trace, setting, world, gpus_per_node, precision)
     return Prediction(
         setting,
         memory,
         compute_s=flops / (peak_flops * mfu),
-        comm_s=comm_bytes(trace, setting, world, precision) / bandwidth,
+        comm_s=sent.intra / bandwidth + sent.inter / (inter_bandwidth or bandwidth),
+        traffic=sent,
     )
 
 
-def candidates(per_gpu_batch: int, engines=ENGINES) -> list[Setting]:
+def engines_for(world: int, gpus_per_node: int) -> tuple[str, ...]:
+    """HSDP is a setting of its own only when the ranks span several nodes (on one node it is FSDP2)."""
+    return ENGINES if world > gpus_per_node else tuple(e for e in ENGINES if e != "hsdp")
+
+
+def candidates(per_gpu_batch: int, engines=ENGINES, shard_size: int = 0) -> list[Setting]:
     micro = [m for m in range(per_gpu_batch, 0, -1) if per_gpu_batch % m == 0]
     return [
-        Setting(engine, ac, every_n, m, per_gpu_batch // m)
+        Setting(engine, ac, every_n, m, per_gpu_batch // m, shard_size if engine == "hsdp" else 0)
         for engine in engines
         for ac, every_n in AC_MODES
         for m in micro
@@ -185,15 +266,23 @@ def plan(
     peak_flops: float,
     mfu: float,
     bandwidth: float,
+    gpus_per_node: int | None = None,
+    inter_bandwidth: float | None = None,
 ) -> tuple[list[Prediction], Prediction | None]:
     """Predictions of every engine at the full micro-batch without checkpointing, and the fastest predicted
     setting (engine, checkpointing, micro-batch, accumulation) whose memory fits in HEADROOM x gpu_mem."""
+    gpus_per_node = gpus_per_node or world
+    engines = engines_for(world, gpus_per_node)
 
     def run(setting):
-        return predict(trace, setting, world, precision, optimizer, peak_flops, mfu, bandwidth)
+        return predict(
+            trace, setting, world, precision, optimizer, peak_flops, mfu, bandwidth, gpus_per_node, inter_bandwidth
+        )
 
-    table = [run(Setting(engine, micro_batch=per_gpu_batch)) for engine in ENGINES]
-    fitting = [p for p in map(run, candidates(per_gpu_batch)) if p.memory["total"] <= HEADROOM * gpu_mem]
+    hsdp = gpus_per_node if world > gpus_per_node else 0
+    table = [run(Setting(e, micro_batch=per_gpu_batch, shard_size=hsdp if e == "hsdp" else 0)) for e in engines]
+    settings = candidates(per_gpu_batch, engines, hsdp)
+    fitting = [p for p in map(run, settings) if p.memory["total"] <= HEADROOM * gpu_mem]
     best = min(fitting, key=lambda p: (round(p.step_s, 6), ENGINES.index(p.setting.engine)), default=None)
     return table, best
 
@@ -203,19 +292,29 @@ def gib(value: float) -> str:
 
 
 def format_plan(
-    trace: StepTrace, table: list[Prediction], best: Prediction | None, world: int, gpu_mem: float, per_gpu_batch: int
+    trace: StepTrace,
+    table: list[Prediction],
+    best: Prediction | None,
+    world: int,
+    gpu_mem: float,
+    per_gpu_batch: int,
+    gpus_per_node: int | None = None,
 ) -> str:
     keys = ("params", "grads", "optimizer", "teacher", "buffers", "activations", "transient", "total")
+    nodes = world // (gpus_per_node or world)
+    where = f"{nodes} node(s) x {gpus_per_node or world} GPU(s)" if nodes > 1 else f"{world} GPU(s)"
     lines = [
-        f"per-GPU memory (GiB) and step time at {world} GPU(s), {per_gpu_batch} image(s) per GPU, no checkpointing:",
-        f"{'engine':8s}" + "".join(f"{k[:8]:>9s}" for k in keys) + f"{'compute s':>10s}{'comm s':>9s}"
-        f"{'step s':>9s}  fits",
+        f"per-GPU memory (GiB), bytes each GPU sends per step (GB, inside its node / across nodes) and step time "
+        f"at {where}, {per_gpu_batch} image(s) per GPU, no checkpointing:",
+        f"{'engine':9s}" + "".join(f"{k[:8]:>9s}" for k in keys) + f"{'intra GB':>9s}{'inter GB':>9s}"
+        f"{'compute s':>10s}{'comm s':>9s}{'step s':>9s}  fits",
     ]
     for p in table:
         fits = "yes" if p.memory["total"] <= HEADROOM * gpu_mem else "no"
         lines.append(
-            f"{p.setting.engine:8s}"
+            f"{p.setting.name:9s}"
             + "".join(f"{gib(p.memory[k]):>9s}" for k in keys)
+            + f"{p.traffic.intra / 1e9:9.3f}{p.traffic.inter / 1e9:9.3f}"
             + f"{p.compute_s:10.3f}{p.comm_s:9.3f}{p.step_s:9.3f}  {fits}"
         )
     none, full = (activation_bytes(trace, 1, ac) for ac in ("none", "full"))

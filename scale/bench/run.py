@@ -31,6 +31,7 @@ from scale.bench.memory import MemoryTrace
 from scale.bench.synthetic import SyntheticLoader, crop_layout
 from scale.bench.trace import trace_step
 from scale.engine.dist import DistInfo
+from scale.engine.parallel import as_parallel
 from scale.rundir import RunDir
 from scale.train import Trainer, train_loader
 
@@ -63,7 +64,7 @@ class BenchTrainer(Trainer):
     directory, checkpoints or initial weights."""
 
     def __init__(self, cfg, info: DistInfo, device: torch.device, make_loader: Callable[[], object], phase):
-        self.cfg, self.info, self.device = cfg, info, device
+        self.cfg, self.info, self.device = cfg, as_parallel(info, device, cfg.engine.shard_size), device
         self.run = RunDir(Path(tempfile.gettempdir()) / "scale-bench")  # only named in error messages
         self.phase = phase
         self.build_step(make_loader, max_schedule_steps_per_epoch=SCHEDULE_STEPS_PER_EPOCH)
@@ -153,6 +154,7 @@ def bench_config(
     """Collective: one setting's numbers (meaningful on rank 0)."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
+    info = as_parallel(info, device, cfg.engine.shard_size)  # once per setting: its shard_size may differ
     mine = measure_rank(cfg, info, device, steps, warmup, synthetic)
     ranks = [None] * info.world_size
     if dist.is_initialized():
@@ -173,7 +175,8 @@ def bench_config(
     result["images_per_s_per_device"] = result["images_per_s"] / world
     result["crops_per_s_per_device"] = result["crops_per_s"] / world
     if count_flops:
-        trace = trace_step(cfg)  # on every rank: the loss it runs may call collectives (DINO's center)
+        # on every rank: the loss it runs may call collectives (DINO's center)
+        trace = trace_step(cfg, dp_group=info.dp_group)
         peak, source = peak_flops(device, cfg.engine.precision)
         flops = step_flops(trace, batch)
         result.update(

@@ -183,13 +183,14 @@ def _real_like(fake: torch.Tensor, grad: bool) -> torch.Tensor:
     return torch.randn(fake.shape, dtype=fake.dtype).requires_grad_(grad)
 
 
-def trace_step(cfg, images: int = TRACE_IMAGES) -> StepTrace:
+def trace_step(cfg, images: int = TRACE_IMAGES, dp_group=None) -> StepTrace:
     """Trace one micro-batch step of recipe `cfg` with `images` images (after any region-loss start epoch). In a
-    process group it is collective: every rank must call it (the loss may all-reduce, e.g. DINO's center)."""
+    process group it is collective over `dp_group`: every rank must call it (the loss may all-reduce, e.g. DINO's
+    center)."""
     from scale.methods import build_method
 
     epoch = int(cfg.method.dino.region_from_epoch)
-    method = build_method(cfg, 1, epoch + 1, device="meta")
+    method = build_method(cfg, 1, epoch + 1, device="meta", dp_group=dp_group)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     trace = StepTrace(images=images)
     nets = {"student": method.student, "teacher": method.teacher}

@@ -53,8 +53,10 @@ def cmd_submit(args) -> int:
     if args.dry_run:
         print(script.read_text(), end="")
         print(f"# rendered {script} (not submitted)")
+        print("\n".join(f"# {line}" for line in job.summary()))
         return 0
     job_id = slurm.submit(job)
     tasks = f" ({len(job.tasks)} array tasks)" if job.array else ""
     print(f"submitted job {job_id}{tasks}; run directory {job.run_dir}; script {script}")
+    print("\n".join(job.summary()))
     return 0

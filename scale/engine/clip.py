@@ -1,7 +1,9 @@
 """Gradient clipping that sees whole parameters through shards.
 
 Each gradient's squared norm is computed on the local tensor; for DTensor shards the squares are summed over the
-shard group (one all-reduce for all parameters), giving the norm of the full gradient. Two rules:
+mesh dimensions the gradient is sharded on (one all-reduce for all parameters), giving the norm of the full
+gradient. Dimensions it is replicated on (HSDP's "replicate") hold the same values and are not summed, so a 2-D mesh
+gives the norm of a 1-D one. Two rules:
 - per_param (DINO's `clip_gradients`): each parameter's gradient is rescaled to norm <= clip on its own;
 - global (torch's `clip_grad_norm_`): all gradients share one factor from the norm over every parameter.
 Both use the factor clip / (norm + 1e-6) when it is below 1.
@@ -24,9 +26,11 @@ def grad_sq_norms(grads: list[torch.Tensor]) -> torch.Tensor:
     sq = torch.stack(torch._foreach_norm(locals_)).float().pow(2)
     sharded = [i for i, g in enumerate(grads) if isinstance(g, DTensor)]
     if sharded:
-        group = grads[sharded[0]].device_mesh.get_group()
+        first = grads[sharded[0]]  # FSDP2 places every parameter on the same mesh the same way
         part = sq[sharded]
-        dist.all_reduce(part, group=group)
+        for dim, placement in enumerate(first.placements):
+            if placement.is_shard():
+                dist.all_reduce(part, group=first.device_mesh.get_group(dim))
         sq[sharded] = part
     return sq
 

@@ -13,6 +13,10 @@ class EngineConfig:
     ac_every_n: int = at_least(2, 1)
     zero_stage: int = choice(1, [1, 2, 3])  # deepspeed only
     grad_accum: int = at_least(1, 1)
+    # fsdp2: shard each parameter over groups of shard_size ranks and replicate across the groups (HSDP; one node's
+    # GPUs per group keeps the all-gathers and reduce-scatters on the fast links); 0 = all ranks (plain FSDP).
+    # deepspeed: ZeRO++ hierarchical partitioning (zero_hpz_partition_size), ZeRO-3 only
+    shard_size: int = at_least(0, 0)
     reshard_after_forward: bool = True  # fsdp2: free gathered block parameters after forward (the root keeps them)
     sync_bn: bool = True  # GPU, world > 1: BatchNorm -> SyncBatchNorm, as DINO and MoCo v3 do (no SyncBN on CPU)
     find_unused_parameters: bool = False  # ddp: needed when some student parameters get no gradient in a step

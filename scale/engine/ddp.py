@@ -17,7 +17,7 @@ class DDPEngine(TorchEngine):
         if meta:
             for module in self.modules():
                 materialize(module, self.device)
-                broadcast_module(module)
+                broadcast_module(module, self.dist_info.dp_group)
             if method.teacher is not None:
                 copy_student_to_teacher(method.teacher, method.student)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -31,6 +31,7 @@ class DDPEngine(TorchEngine):
             forward_sync_buffers=False,
             gradient_as_bucket_view=True,
             init_sync=False,
+            process_group=self.dist_info.dp_group,
             find_unused_parameters=self.cfg.find_unused_parameters,
         )
 

@@ -34,9 +34,9 @@ from torch import nn
 
 from scale.engine.base import Engine
 from scale.engine.convert import convert_modules
-from scale.engine.dist import DistInfo
 from scale.engine.ema import copy_student_to_teacher, ema_update
 from scale.engine.materialize import is_meta, materialize
+from scale.engine.parallel import ParallelContext
 from scale.engine.params import clean_name, named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.engine.torch_engine import broadcast_module, check_common_config
@@ -60,7 +60,9 @@ def import_deepspeed(device: torch.device):
     return deepspeed
 
 
-def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True) -> dict:
+def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True, hpz_size: int = 1) -> dict:
+    """`hpz_size` > 1: ZeRO++ hierarchical partitioning, a secondary copy of the parameters sharded over groups of
+    that many ranks (a node), from which the forward and backward all-gathers are served inside the group."""
     config = {
         # DeepSpeed only uses the micro-batch size for its own data loader and throughput logs; ours feeds it
         "train_micro_batch_size_per_gpu": 1,
@@ -71,6 +73,8 @@ def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True) -> 
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+    if hpz_size > 1:
+        config["zero_optimization"]["zero_hpz_partition_size"] = hpz_size
     if with_optimizer:
         config["zero_allow_untested_optimizer"] = True  # torch.optim.AdamW / SGD as client optimizers
         config["gradient_clipping"] = optim_cfg.clip_grad if optim_cfg.clip_mode == "global" else 0.0
@@ -128,7 +132,7 @@ class DeepSpeedEngine(Engine):
     kind = "deepspeed"
     native_checkpoint = True
 
-    def __init__(self, engine_cfg, optim_cfg, dist_info: DistInfo, device: torch.device):
+    def __init__(self, engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device):
         check_common_config(engine_cfg, optim_cfg)
         if engine_cfg.zero_stage not in ZERO_STAGES:
             raise UserError(f"engine.zero_stage must be one of {ZERO_STAGES}, got {engine_cfg.zero_stage}")
@@ -140,6 +144,14 @@ class DeepSpeedEngine(Engine):
         self.cfg, self.optim_cfg, self.dist_info, self.device = engine_cfg, optim_cfg, dist_info, device
         self.precision = resolve_precision(engine_cfg.precision, device)
         self.stage = engine_cfg.zero_stage
+        # hierarchical partitioning (ZeRO++ hpZ) only when the shard groups are smaller than the world
+        self.hpz_size = dist_info.shard_size if dist_info.shard_size < dist_info.world_size else 1
+        if self.hpz_size > 1 and self.stage != 3:
+            raise UserError(
+                f"engine.shard_size={engine_cfg.shard_size} with engine.kind=deepspeed needs engine.zero_stage=3 "
+                f"(ZeRO++ hierarchical partitioning, zero_hpz_partition_size, partitions ZeRO-3 parameters only); "
+                f"ZeRO-{self.stage} replicates the parameters anyway: drop engine.shard_size"
+            )
         self.method: Method | None = None
         self.micro_step = 0
 
@@ -156,21 +168,23 @@ class DeepSpeedEngine(Engine):
                 materialize(module, self.device)
             else:
                 module.to(self.device)
-            broadcast_module(module)
+            broadcast_module(module, self.dist_info.dp_group)
         if meta and method.teacher is not None:
             copy_student_to_teacher(method.teacher, method.student)
-        convert_modules(method, self.cfg, self.precision, self.dist_info.world_size)
+        convert_modules(method, self.cfg, self.precision, self.dist_info)
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         client = build_optimizer(groups, self.optim_cfg, self.device, sharded=True)
         self.ds, self.optimizer, _, _ = deepspeed.initialize(
-            model=method.student, optimizer=client, config=ds_config(self.cfg, self.optim_cfg, self.precision)
+            model=method.student,
+            optimizer=client,
+            config=ds_config(self.cfg, self.optim_cfg, self.precision, hpz_size=self.hpz_size),
         )
         method.student = self.ds
         if self.stage == 3 and not self.precision.needs_loss_scaling:
             share_fp32_master(self.optimizer)
         if method.teacher is not None and self.stage == 3:
             method.teacher, _, _, _ = deepspeed.initialize(
-                model=method.teacher, config=ds_config(self.cfg, self.optim_cfg, self.precision, False)
+                model=method.teacher, config=ds_config(self.cfg, self.optim_cfg, self.precision, False, self.hpz_size)
             )
         self.micro_step = 0
 
@@ -222,7 +236,7 @@ class DeepSpeedEngine(Engine):
         for i, g in enumerate(grads):
             if g is not None and g.numel():
                 sq[i] = g.float().pow(2).sum()
-        dist.all_reduce(sq)
+        dist.all_reduce(sq, group=self.dist_info.dp_group)  # ZeRO partitions gradients over all data-parallel ranks
         scale = float(getattr(self.ds.optimizer, "loss_scale", 1.0)) if self.precision.needs_loss_scaling else 1.0
         norms = sq.sqrt() / scale
         clip = self.optim_cfg.clip_grad

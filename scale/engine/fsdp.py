@@ -3,6 +3,11 @@ root. The teacher is sharded with the same calls, so its local shards line up wi
 shard-local; it reshards after every forward, root included (FSDP2 keeps an auto-configured root unsharded after
 forward, which would keep a whole gathered teacher alive).
 
+HSDP: with engine.shard_size=S smaller than the world, the parallel context's mesh is 2-D (replicate x shard) and
+FSDP2 shards each parameter over the S ranks of a group and replicates it across groups (gradients are
+reduce-scattered inside the group, then all-reduced across groups). The teacher gets the same placements, so the EMA
+stays a local lerp over matching shards.
+
 Mixed precision: bf16 (or fp16) parameters for compute, fp32 gradient reduction and fp32 sharded master weights;
 BatchNorm layers are fp32 units of their own.
 """
@@ -11,7 +16,6 @@ import warnings
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -36,7 +40,9 @@ class FSDPEngine(TorchEngine):
     sharded = True
 
     def wrap(self, method: Method, meta: bool) -> None:
-        self.mesh = init_device_mesh(self.device.type, (self.dist_info.world_size,))
+        mesh = self.dist_info.mesh
+        # one group of shards: the 1-D "shard" mesh, exactly plain FSDP; several: HSDP on the 2-D mesh
+        self.mesh = mesh["shard"] if self.dist_info.replicas == 1 else mesh
         self.shard(method.student, reshard_after_forward=self.cfg.reshard_after_forward, root_reshard=None)
         if method.teacher is not None:
             self.shard(method.teacher, reshard_after_forward=True, root_reshard=True)

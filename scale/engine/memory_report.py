@@ -38,12 +38,14 @@ def synthetic_batch(cfg, images: int, size: int) -> Batch:
 def measure_one(cfg, device: torch.device, image_size: int) -> dict[str, int]:
     from scale.engine import build_engine
     from scale.engine.dist import detect
+    from scale.engine.parallel import parallel_context
     from scale.methods import build_method
     from scale.methods.base import StepContext
 
     torch.manual_seed(cfg.train.seed)
-    method = build_method(cfg, 1, 1)
-    engine = build_engine(cfg.engine, cfg.optim, detect(), device)
+    parallel = parallel_context(detect(), device, cfg.engine.shard_size)
+    method = build_method(cfg, 1, 1, dp_group=parallel.dp_group)
+    engine = build_engine(cfg.engine, cfg.optim, parallel, device)
     engine.setup(method)
     ctx = StepContext(step=0, epoch=0, steps_per_epoch=1, total_steps=1)
     for _ in range(cfg.engine.grad_accum):

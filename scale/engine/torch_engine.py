@@ -18,9 +18,9 @@ from torch.distributed.checkpoint.state_dict import (
 from scale.engine.base import Engine
 from scale.engine.clip import CLIP_MODES, clip_gradients
 from scale.engine.convert import convert_modules
-from scale.engine.dist import DistInfo
 from scale.engine.ema import ema_update
 from scale.engine.materialize import is_meta
+from scale.engine.parallel import ParallelContext
 from scale.engine.params import named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.errors import UserError
@@ -35,12 +35,12 @@ def check_common_config(engine_cfg, optim_cfg) -> None:
         raise UserError(f"optim.clip_mode='{optim_cfg.clip_mode}' is not one of {', '.join(CLIP_MODES)}")
 
 
-def broadcast_module(module: nn.Module, src: int = 0) -> None:
-    """Make every rank hold rank `src`'s parameters and buffers (ranks seed differently)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
+def broadcast_module(module: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Make every rank of `group` hold its first rank's parameters and buffers (ranks seed differently)."""
+    if group is not None and dist.get_world_size(group) > 1:
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
-                dist.broadcast(t.data, src=src)
+                dist.broadcast(t.data, group=group, group_src=0)
 
 
 def model_bytes(module: nn.Module | None) -> int:
@@ -55,7 +55,7 @@ class TorchEngine(Engine):
     kind = ""
     sharded = False  # parameters are DTensor shards (FSDP2)
 
-    def __init__(self, engine_cfg, optim_cfg, dist_info: DistInfo, device: torch.device):
+    def __init__(self, engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device):
         check_common_config(engine_cfg, optim_cfg)
         self.cfg, self.optim_cfg, self.dist_info, self.device = engine_cfg, optim_cfg, dist_info, device
         self.precision = resolve_precision(engine_cfg.precision, device)
@@ -83,8 +83,8 @@ class TorchEngine(Engine):
         if not meta:
             for module in self.modules():
                 module.to(self.device)
-                broadcast_module(module)
-        convert_modules(method, self.cfg, self.precision, self.dist_info.world_size)
+                broadcast_module(module, self.dist_info.dp_group)
+        convert_modules(method, self.cfg, self.precision, self.dist_info)
         self.wrap(method, meta)
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         self.optimizer = build_optimizer(groups, self.optim_cfg, self.device, sharded=self.sharded)

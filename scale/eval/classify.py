@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from scale.engine.parallel import ParallelContext
 from scale.errors import UserError
 from scale.eval.data import dataset_info, eval_views_cfg, lockstep_batches
 from scale.eval.session import write_json
@@ -23,8 +24,11 @@ LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # images [B, 3, H, W] -> logi
 
 
 @torch.no_grad()
-def accuracy(logits_fn: LogitsFn, batches, own: int, device: torch.device) -> dict:
-    """Top-1 / top-5 (%) over the first `own` samples of this rank's batches, summed over the ranks."""
+def accuracy(
+    logits_fn: LogitsFn, batches, own: int, device: torch.device, group: dist.ProcessGroup | None = None
+) -> dict:
+    """Top-1 / top-5 (%) over the first `own` samples of this rank's batches, summed over the ranks of `group`
+    (the training run's data-parallel group; None: every rank, or one process)."""
     counts = torch.zeros(3, dtype=torch.float64, device=device)
     seen = 0
     for batch in batches:
@@ -40,8 +44,8 @@ def accuracy(logits_fn: LogitsFn, batches, own: int, device: torch.device) -> di
         counts += torch.stack(
             [(top[:, 0] == labels).sum(), (top == labels[:, None]).any(1).sum(), torch.tensor(keep, device=device)]
         ).to(torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(counts)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(counts, group=group)
     if counts[2] == 0:
         raise UserError("validation: no samples")
     return {
@@ -56,7 +60,7 @@ class Validation:
     evaluated every `train.val_every_epochs` epochs and after the last step; each result goes to the step's
     metrics (val_top1, val_top5) and is appended to eval/val.json in the run directory."""
 
-    def __init__(self, cfg, info, device: torch.device, out: Path):
+    def __init__(self, cfg, info: ParallelContext, device: torch.device, out: Path):
         self.cfg, self.info, self.device, self.out = cfg, info, device, out
         try:
             data = dataset_info(cfg.data.val)
@@ -86,8 +90,8 @@ class Validation:
             cfg.data.val,
             eval_views_cfg(cfg.data.views),
             int(cfg.eval.batch_size),
-            self.info.rank,
-            self.info.world_size,
+            self.info.dp_rank,
+            self.info.dp_size,
             int(cfg.data.workers),
             cfg.train.seed,
         )
@@ -97,7 +101,7 @@ class Validation:
         devices = [self.device] if self.device.type == "cuda" else []
         try:
             with torch.random.fork_rng(devices=devices), autocast():
-                result = accuracy(method.val_logits, batches, own, self.device)
+                result = accuracy(method.val_logits, batches, own, self.device, self.info.dp_group)
         finally:
             method.student.train()
         log.info(

@@ -48,19 +48,23 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def gather_rows(tensor: torch.Tensor) -> torch.Tensor:
-    """Concatenate along dim 0 the tensors of all ranks (in rank order); ranks may hold different row counts."""
-    rank, size = world()
+def gather_rows(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Concatenate along dim 0 the tensors of all ranks of `group` (in rank order; None: every rank, as the eval
+    commands run); ranks may hold different row counts."""
+    if not dist.is_initialized():
+        return tensor
+    group = group or dist.group.WORLD
+    size = dist.get_world_size(group)
     if size == 1:
         return tensor
     counts = torch.tensor([tensor.shape[0]], device=tensor.device)
     all_counts = [torch.zeros_like(counts) for _ in range(size)]
-    dist.all_gather(all_counts, counts)
+    dist.all_gather(all_counts, counts, group=group)
     longest = int(max(c.item() for c in all_counts))
     padded = tensor.new_zeros((longest, *tensor.shape[1:]))
     padded[: tensor.shape[0]] = tensor
     parts = [torch.empty_like(padded) for _ in range(size)]
-    dist.all_gather(parts, padded.contiguous())
+    dist.all_gather(parts, padded.contiguous(), group=group)
     return torch.cat([p[: int(c.item())] for p, c in zip(parts, all_counts)])
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from scale.errors import UserError
 from scale.eval.features import gather_rows
 from scale.eval.knn import nearest, vote
+from scale.methods.distributed import active
 
 
 class KnnMonitor:
@@ -24,7 +25,9 @@ class KnnMonitor:
         k: int = 200,
         temperature: float = 0.07,
         device: torch.device | str = "cpu",
+        group: dist.ProcessGroup | None = None,
     ):
+        """`group`: the data-parallel group whose ranks' samples are enqueued and counted (None: one process)."""
         if size < 1 or k < 1:
             raise ValueError(f"k-NN monitor: queue size ({size}) and k ({k}) must be positive")
         self.k, self.temperature, self.num_classes = k, temperature, num_classes
@@ -33,9 +36,12 @@ class KnnMonitor:
         self.filled = 0  # valid rows (the queue is full once filled == size)
         self.head = 0  # next row to overwrite
         self.counts = torch.zeros(2, dtype=torch.float64, device=device)  # correct, scored since accuracy()
+        self.group = group
 
     @classmethod
-    def from_config(cls, cfg, dim: int, device: torch.device | str = "cpu") -> "KnnMonitor":
+    def from_config(
+        cls, cfg, dim: int, device: torch.device | str = "cpu", group: dist.ProcessGroup | None = None
+    ) -> "KnnMonitor":
         """The monitor of a recipe: eval.knn_monitor_queue rows of `dim` features, data.num_classes classes."""
         return cls(
             int(cfg.eval.knn_monitor_queue),
@@ -44,6 +50,7 @@ class KnnMonitor:
             int(cfg.eval.knn_monitor_k),
             float(cfg.eval.knn_temperature),
             device,
+            group,
         )
 
     @torch.no_grad()
@@ -64,9 +71,12 @@ class KnnMonitor:
             scores = vote(sim, self.labels[: self.filled][idx], self.num_classes, self.temperature)
             self.counts[0] += (scores.argmax(1) == labels).sum()
             self.counts[1] += labels.numel()
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            features, labels = gather_rows(features), gather_rows(labels)
+        if self.distributed():
+            features, labels = gather_rows(features, self.group), gather_rows(labels, self.group)
         self._enqueue(features, labels)
+
+    def distributed(self) -> bool:
+        return active(self.group)
 
     def _enqueue(self, features: torch.Tensor, labels: torch.Tensor) -> None:
         size = self.features.shape[0]
@@ -82,8 +92,8 @@ class KnnMonitor:
         accuracy(), summed over ranks: one copy resumes the run on any number of ranks. A collective. The tensors
         are the live ones, on the run's device: save them at once (only the saving rank copies them to the host)."""
         counts = self.counts.clone()
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(counts)
+        if self.distributed():
+            dist.all_reduce(counts, group=self.group)
         return {
             "features": self.features,
             "labels": self.labels,
@@ -100,7 +110,7 @@ class KnnMonitor:
             )
         self.features.copy_(state["features"])
         self.labels.copy_(state["labels"])
-        if not dist.is_initialized() or dist.get_rank() == 0:  # the sum over ranks, counted once
+        if not self.distributed() or dist.get_rank(self.group) == 0:  # the sum over ranks, counted once
             self.counts.copy_(state["counts"])
         else:
             self.counts.zero_()
@@ -110,7 +120,7 @@ class KnnMonitor:
     def accuracy(self) -> float | None:
         """Top-1 accuracy (%) since the previous call, over all ranks (a collective); None if nothing was scored."""
         counts = self.counts.clone()
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(counts)
+        if self.distributed():
+            dist.all_reduce(counts, group=self.group)
         self.counts.zero_()
         return None if counts[1] == 0 else 100.0 * float(counts[0] / counts[1])

@@ -3,6 +3,11 @@
 One job trains one run directory (or, with a sweep, one job array trains one run directory per override set).
 The rendered script starts one `scale train` per task with srun; a requeued job runs the same script again, and
 `scale train` on an existing run directory resumes from its latest checkpoint. See slurm/README.md.
+
+Multi-node jobs that shard the model (fsdp2, DeepSpeed ZeRO-3) shard it within a node by default: the tasks get
+`engine.shard_size=<tasks per node>` (HSDP, or ZeRO++ hpZ), so that the per-layer all-gathers and reduce-scatters stay
+on the node's fast links and only one gradient all-reduce per step crosses nodes. An `engine.shard_size` in the
+overrides or a non-zero one in the recipe wins.
 """
 
 import datetime
@@ -68,6 +73,8 @@ class Task:
 
     run_dir: Path
     overrides: list[str]
+    shard_size: int = 0  # engine.shard_size the task runs with (0: all ranks)
+    shard_source: str = "recipe"  # where it comes from: recipe | overrides | GPUs per node | tasks per node
 
 
 @dataclass
@@ -82,6 +89,17 @@ class Job:
     @property
     def script(self) -> Path:
         return self.run_dir / SCRIPT_NAME
+
+    def summary(self) -> list[str]:
+        """What `scale submit` prints about the job's layout: ranks and how the model is sharded over them."""
+        ranks = self.options.nodes * self.options.ntasks_per_node
+        lines = []
+        for task in self.tasks:
+            size = task.shard_size or ranks
+            mesh = f"{ranks // size} replica(s) x {size} shard(s)"
+            name = f"{task.run_dir.name}: " if self.array else ""
+            lines.append(f"{name}{ranks} ranks, engine.shard_size={size} ({task.shard_source}): {mesh}")
+        return lines
 
 
 def time_seconds(text: str) -> int | None:
@@ -214,6 +232,24 @@ def _check_run_dir(run_dir: Path) -> None:
         raise UserError(f"--run-dir '{run_dir}': must not contain quotes, '%', backslashes or control characters")
 
 
+def _overrides_key(overrides: list[str], key: str) -> bool:
+    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
+
+
+def shard_within_nodes(task: Task, cfg, options: SlurmOptions) -> Task:
+    """A multi-node task of an engine that shards parameters shards them within a node unless told otherwise."""
+    task.shard_size = int(cfg.engine.shard_size)
+    if _overrides_key(task.overrides, "engine.shard_size"):
+        task.shard_source = "overrides"
+        return task
+    shards_params = cfg.engine.kind == "fsdp2" or (cfg.engine.kind == "deepspeed" and cfg.engine.zero_stage == 3)
+    if options.nodes > 1 and task.shard_size == 0 and shards_params:
+        task.shard_size = options.ntasks_per_node
+        task.shard_source = "GPUs per node" if options.gpus_per_node else "tasks per node"
+        task.overrides = [*task.overrides, f"engine.shard_size={task.shard_size}"]
+    return task
+
+
 def plan(
     recipe: str,
     overrides: list[str],
@@ -229,15 +265,16 @@ def plan(
     root = root.expanduser().resolve()
     _check_run_dir(root)
     if sets is None:
-        tasks = [Task(root, list(overrides))]
+        tasks = [shard_within_nodes(Task(root, list(overrides)), cfg, options)]
     else:
         tasks = []
         for index, extra in enumerate(sets):
             try:
-                load_recipe(recipe, list(overrides) + extra)
+                task_cfg = load_recipe(recipe, list(overrides) + extra)
             except UserError as err:
                 raise UserError(f"--sweep {sweep}: entry {index}: {err}") from None
-            tasks.append(Task(root / f"task_{index:03d}", list(overrides) + extra))
+            task = Task(root / f"task_{index:03d}", list(overrides) + extra)
+            tasks.append(shard_within_nodes(task, task_cfg, options))
     if options.job_name is None:
         options = replace(options, job_name=re.sub(r"[^\w.-]+", "_", cfg.meta.name))
     return Job(_recipe_arg(recipe), options, root, tasks, array=sets is not None)

@@ -41,11 +41,17 @@ def has_class_head(cfg) -> bool:
 
 
 def build_method(
-    cfg, steps_per_epoch: int, total_steps: int, device: torch.device | str | None = None, backbone_fn=None
+    cfg,
+    steps_per_epoch: int,
+    total_steps: int,
+    device: torch.device | str | None = None,
+    backbone_fn=None,
+    dp_group=None,
 ):
     """The Method of recipe `cfg`, its modules built on `device` ("meta": the engine allocates and initialises them
     after sharding; it also converts BatchNorm to SyncBN on GPUs). `backbone_fn(drop_path=None) -> nn.Module`
-    defaults to the model registry's `build_backbone(cfg.model, ...)`; teachers get drop_path=0."""
+    defaults to the model registry's `build_backbone(cfg.model, ...)`; teachers get drop_path=0. `dp_group`: the
+    data-parallel group of the parallel context, over which the losses' collectives run (None: one process)."""
     if steps_per_epoch <= 0 or total_steps <= 0:
         raise UserError(f"steps_per_epoch ({steps_per_epoch}) and total_steps ({total_steps}) must be positive")
     cls = method_class(cfg.method.kind, cfg.method.moco.variant)
@@ -56,4 +62,6 @@ def build_method(
             return build_backbone(cfg.model, drop_path=drop_path)
 
     with torch.device(device) if device is not None else contextlib.nullcontext():  # heads too, not only backbones
-        return cls(cfg, steps_per_epoch, total_steps, backbone_fn)
+        method = cls(cfg, steps_per_epoch, total_steps, backbone_fn)
+    method.dp_group = dp_group
+    return method

@@ -7,7 +7,8 @@ Rules that keep every engine working:
   wrapper whose forward is the only entry point that syncs gradients and gathers shards.
 - `teacher`, when there is one, is an EMA of the student: its parameter names are a subset of the student's (e.g.
   MoCo's momentum encoder has no predictor), it has requires_grad False, and the engine shards it like the student.
-- Distributed math a loss needs (DINO's center all-reduce, MoCo's key all-gather) uses torch.distributed directly.
+- Distributed math a loss needs (DINO's center all-reduce, MoCo's key all-gather) goes through
+  scale.methods.distributed over `dp_group`, the data-parallel group of the run's parallel context.
 """
 
 import abc
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from scale.data.batch import Batch
@@ -37,6 +39,8 @@ class Method(abc.ABC):
     teacher: nn.Module | None = None
     # backbone features (no grad) of the first view of the last loss() call's images, for the k-NN monitor
     monitor_features: torch.Tensor | None = None
+    # the data-parallel group of the losses' collectives (build_method sets it); None: no process group
+    dp_group: dist.ProcessGroup | None = None
     classifies = False  # the student ends in a class head: the loop validates it on data.val (`val_logits`)
 
     @abc.abstractmethod

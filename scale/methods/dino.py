@@ -26,12 +26,16 @@ BackboneFn = Callable[..., nn.Module]  # backbone_fn(drop_path=None) -> a fresh 
 
 
 def teacher_probs(
-    teacher_logits: torch.Tensor, center: torch.Tensor | None, temp: float, sinkhorn_iters: int = 0
+    teacher_logits: torch.Tensor,
+    center: torch.Tensor | None,
+    temp: float,
+    sinkhorn_iters: int = 0,
+    group: distributed.Group = None,
 ) -> torch.Tensor:
     """Targets: softmax((t - c) / T_t) (centering and sharpening) or, with `sinkhorn_iters` > 0, Sinkhorn-Knopp
     assignments of t / T_t (Table 7 row 3)."""
     if sinkhorn_iters > 0:
-        return sinkhorn_knopp(teacher_logits, temp, sinkhorn_iters)
+        return sinkhorn_knopp(teacher_logits, temp, sinkhorn_iters, group)
     return F.softmax((teacher_logits.float() - center) / temp, dim=-1)
 
 
@@ -75,9 +79,11 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def updated_center(center: torch.Tensor, teacher_logits: torch.Tensor, momentum: float) -> torch.Tensor:
-    """EMA of the mean teacher output over the global batch (all ranks)."""
-    batch_mean = distributed.all_reduce_mean(teacher_logits.float().mean(dim=0, keepdim=True))
+def updated_center(
+    center: torch.Tensor, teacher_logits: torch.Tensor, momentum: float, group: distributed.Group = None
+) -> torch.Tensor:
+    """EMA of the mean teacher output over the global batch (the data-parallel ranks of `group`)."""
+    batch_mean = distributed.all_reduce_mean(teacher_logits.float().mean(dim=0, keepdim=True), group)
     return center * momentum + batch_mean * (1 - momentum)
 
 
@@ -123,7 +129,7 @@ class Dino(Method):
 
     def _targets(self, teacher_logits: torch.Tensor, center: torch.Tensor | None, temp: float) -> torch.Tensor:
         iters = self.cfg.sinkhorn_iters if self.cfg.centering == "sinkhorn" else 0
-        return teacher_probs(teacher_logits, center, temp, iters)
+        return teacher_probs(teacher_logits, center, temp, iters, self.dp_group)
 
     def view_loss(self, student_logits, teacher_logits, temp, n_teacher, n_student) -> tuple[torch.Tensor, dict]:
         self.center = self.center.to(teacher_logits.device)
@@ -135,7 +141,7 @@ class Dino(Method):
             loss = ce
         h = entropy(targets)
         if self.cfg.centering == "center":
-            self.center = updated_center(self.center, teacher_logits, self.cfg.center_momentum)
+            self.center = updated_center(self.center, teacher_logits, self.cfg.center_momentum, self.dp_group)
         # H(P_t, P_s) = h(P_t) + KL(P_t || P_s) (paper Eq. 5); every teacher view is in the same number of pairs
         return loss, {"teacher_entropy": h.item(), "teacher_student_kl": (ce.detach() - h).item()}
 

@@ -226,7 +226,7 @@ class Esvit(Dino):
         if self.cfg.centering == "sinkhorn":
             return probability_rows(self._targets(teacher_region, None, temp)), center
         targets = CenteredSoftmaxRows(teacher_region, center, temp)
-        batch_mean = distributed.all_reduce_mean(targets.logit_sum / teacher_region.shape[0])
+        batch_mean = distributed.all_reduce_mean(targets.logit_sum / teacher_region.shape[0], self.dp_group)
         momentum = self.cfg.center_momentum
         return targets, center * momentum + batch_mean * (1 - momentum)
 

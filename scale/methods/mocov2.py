@@ -55,7 +55,9 @@ class MocoV2(Method):
         tau = self.cfg.temperature
         loss = queue_contrastive(q1, k2, self.queue, tau) + queue_contrastive(q2, k1, self.queue, tau)
         # gathered now: every rank runs loss() at the same point, and the keys are needed only at the next step
-        self.pending_keys = distributed.all_gather_nograd(F.normalize(torch.cat([k1, k2]).float(), dim=1))
+        self.pending_keys = distributed.all_gather_nograd(
+            F.normalize(torch.cat([k1, k2]).float(), dim=1), self.dp_group
+        )
         return loss, {"loss": loss.item()}
 
     def _enqueue_pending(self) -> None:

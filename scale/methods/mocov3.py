@@ -24,12 +24,13 @@ def is_resnet(cfg) -> bool:
     return cfg.model.name.startswith("resnet")
 
 
-def contrastive(q: torch.Tensor, k: torch.Tensor, tau: float) -> torch.Tensor:
-    """InfoNCE of this rank's queries q [N, d] against the keys of all ranks; k [N, d] is this rank's keys."""
+def contrastive(q: torch.Tensor, k: torch.Tensor, tau: float, group: distributed.Group = None) -> torch.Tensor:
+    """InfoNCE of this rank's queries q [N, d] against the keys of all ranks of the data-parallel `group`; k [N, d]
+    is this rank's keys."""
     q = F.normalize(q.float(), dim=1)
-    keys = distributed.all_gather_nograd(F.normalize(k.float(), dim=1))
+    keys = distributed.all_gather_nograd(F.normalize(k.float(), dim=1), group)
     logits = q @ keys.t() / tau
-    labels = torch.arange(q.shape[0], device=q.device) + q.shape[0] * distributed.rank()
+    labels = torch.arange(q.shape[0], device=q.device) + q.shape[0] * distributed.rank(group)
     return F.cross_entropy(logits, labels) * 2 * tau
 
 
@@ -84,7 +85,7 @@ class MocoV3(Method):
         k1, k2 = keys["z"].chunk(2)
         self.monitor_features = keys["pooled"][: batch.batch_size].detach()
         tau = self.cfg.temperature
-        loss = contrastive(q1, k2, tau) + contrastive(q2, k1, tau)
+        loss = contrastive(q1, k2, tau, self.dp_group) + contrastive(q2, k1, tau, self.dp_group)
         return loss, {"loss": loss.item()}
 
     def ema_momentum(self, ctx: StepContext) -> float:

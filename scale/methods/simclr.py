@@ -18,12 +18,12 @@ from scale.methods.nets import ProjectionNet
 from scale.models.heads import moco_projector
 
 
-def nt_xent(z1: torch.Tensor, z2: torch.Tensor, tau: float) -> torch.Tensor:
+def nt_xent(z1: torch.Tensor, z2: torch.Tensor, tau: float, group: distributed.Group = None) -> torch.Tensor:
     """z1, z2 [N, d]: this rank's projections of the two views. Other ranks' projections are gathered with their
     gradient so that the negatives are the global batch."""
-    n, r = z1.shape[0], distributed.rank()
+    n, r = z1.shape[0], distributed.rank(group)
     z1, z2 = F.normalize(z1.float(), dim=1), F.normalize(z2.float(), dim=1)
-    all1, all2 = distributed.all_gather_grad(z1), distributed.all_gather_grad(z2)
+    all1, all2 = distributed.all_gather_grad(z1, group), distributed.all_gather_grad(z2, group)
     total = all1.shape[0]
     keys = torch.cat([all1, all2])  # [2M, d]: view 1 of all images, then view 2
     queries = torch.cat([z1, z2])  # [2N, d]
@@ -56,5 +56,5 @@ class SimCLR(Method):
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
         check_two_views(batch, "SimCLR")
         z1, z2 = self.student(batch.crops[:1], batch.views_per_group[:1], self.per_view_bn)["z"].chunk(2)
-        loss = nt_xent(z1, z2, self.cfg.temperature)
+        loss = nt_xent(z1, z2, self.cfg.temperature, self.dp_group)
         return loss, {"loss": loss.item()}

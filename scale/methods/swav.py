@@ -36,7 +36,10 @@ class SwAV(Method):
         n_global, n_views = batch.views_per_group[0], sum(batch.views_per_group)
         global_scores = scores[: scores.shape[0] // n_views * n_global].detach()
         codes = torch.cat(
-            [sinkhorn_knopp(s, self.cfg.swav_epsilon, self.cfg.sinkhorn_iters) for s in global_scores.chunk(n_global)]
+            [
+                sinkhorn_knopp(s, self.cfg.swav_epsilon, self.cfg.sinkhorn_iters, self.dp_group)
+                for s in global_scores.chunk(n_global)
+            ]
         )
         loss = cross_entropy_pairs(scores, codes, self.cfg.swav_temperature, n_global, n_views)
         return loss, {"loss": loss.item()}

@@ -4,7 +4,7 @@ center all-reduced across ranks, frozen last layer) and MoCo v3 (keys gathered a
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from engine_toy import shard_batch
+from engine_toy import all_ranks, shard_batch
 from omegaconf import OmegaConf
 
 from scale.config.schema import Recipe
@@ -45,38 +45,41 @@ def make_batch(step: int, kind: str) -> Batch:
     return Batch(crops, counts, torch.zeros(GLOBAL_BATCH, dtype=torch.long))
 
 
-def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1) -> dict:
+def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1, steps: int = STEPS) -> dict:
     """Each rank trains on its share of the same global batches; losses are averaged over ranks."""
     from scale.engine import build_engine
     from scale.engine.dist import detect
+    from scale.engine.parallel import parallel_context
     from scale.methods import build_method
     from scale.optim import apply_schedule
 
-    info = detect()
     cfg = recipe(kind, engine_kw, freeze_epochs)
+    info = parallel_context(detect(), torch.device("cpu"), cfg.engine.shard_size)
     torch.manual_seed(0)
-    method = build_method(cfg, STEPS_PER_EPOCH, STEPS)
+    method = build_method(cfg, STEPS_PER_EPOCH, steps, dp_group=info.dp_group)
     engine = build_engine(cfg.engine, cfg.optim, info, torch.device("cpu"))
     engine.setup(method)
-    losses = []
-    for step in range(STEPS):
-        ctx = StepContext(step=step, epoch=step // STEPS_PER_EPOCH, steps_per_epoch=STEPS_PER_EPOCH, total_steps=STEPS)
+    losses, grad_norms = [], []
+    for step in range(steps):
+        ctx = StepContext(step=step, epoch=step // STEPS_PER_EPOCH, steps_per_epoch=STEPS_PER_EPOCH, total_steps=steps)
         with engine.autocast():
-            loss, _ = method.loss(shard_batch(make_batch(step, kind), info.rank, info.world_size), ctx)
+            loss, _ = method.loss(shard_batch(make_batch(step, kind), info.dp_rank, info.dp_size), ctx)
         engine.backward(loss)
         mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        losses.append(float(mean) / info.world_size)
+        dist.all_reduce(mean, group=info.dp_group)
+        losses.append(float(mean) / info.dp_size)
         apply_schedule(engine.optimizer.param_groups, LR, WD)
-        engine.step(method.frozen_params(ctx))
+        grad_norms.append(float(engine.step(method.frozen_params(ctx))["grad_norm"]))
         engine.ema(method.ema_momentum(ctx))
     return {
         "losses": losses,
+        "grad_norms": grad_norms,
+        "memory": all_ranks(engine.memory()),  # every rank's bytes, in rank order
         "student": engine.export_state_dict("student"),
         "teacher": engine.export_state_dict("teacher"),
     }
 
 
-def real_jobs(jobs: list[tuple]) -> dict:
+def real_jobs(jobs: list[tuple], steps: int = STEPS) -> dict:
     """(label, kind, engine_kw, freeze_epochs) runs in one process group."""
-    return {label: real_run(kind, engine_kw, freeze) for label, kind, engine_kw, freeze in jobs}
+    return {label: real_run(kind, engine_kw, freeze, steps) for label, kind, engine_kw, freeze in jobs}

@@ -31,8 +31,8 @@ def halves(batches, rank, world):
     ]
 
 
-def monitor_run(batches):
-    monitor = KnnMonitor(24, 8, 4, k=5)
+def monitor_run(batches, group=None):
+    monitor = KnnMonitor(24, 8, 4, k=5, group=group)
     accuracies = []
     for step, (feats, labels, _) in enumerate(batches):
         monitor.update(feats, labels)
@@ -49,7 +49,7 @@ def probe_run(train, test):
 
 def two_rank_job(data) -> dict:
     rank = dist.get_rank()
-    accuracies, monitor = monitor_run(halves(data["monitor"], rank, 2))
+    accuracies, monitor = monitor_run(halves(data["monitor"], rank, 2), dist.group.WORLD)
     result, heads = probe_run(halves(data["train"], rank, 2), halves(data["test"], rank, 2))
     return {"acc": accuracies, "queue": monitor.features, "probe": result, "weight": heads.heads[1].weight.detach()}
 

@@ -46,8 +46,10 @@ def test_moco_keys_of_all_ranks_with_offset_labels(monkeypatch):
     torch.manual_seed(1)
     q, k, other_rank_keys = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
     # this process plays rank 1 of 2: keys are [rank 0 keys, own keys], own positives at offset 3
-    monkeypatch.setattr(distributed, "rank", lambda: 1)
-    monkeypatch.setattr(distributed, "all_gather_nograd", lambda t: torch.cat([F.normalize(other_rank_keys, dim=1), t]))
+    monkeypatch.setattr(distributed, "rank", lambda group: 1)
+    monkeypatch.setattr(
+        distributed, "all_gather_nograd", lambda t, group: torch.cat([F.normalize(other_rank_keys, dim=1), t])
+    )
     loss = contrastive(q, k, 0.2)
     expected = reference_ctr(q, torch.cat([other_rank_keys, k]), 3, 0.2)
     assert abs(loss.item() - expected) < 1e-5

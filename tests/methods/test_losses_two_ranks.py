@@ -31,14 +31,14 @@ def single_process() -> dict:
 
 
 def two_rank_job() -> list[dict]:
-    rank = dist.get_rank()
+    rank, group = dist.get_rank(), dist.group.WORLD  # the data-parallel group of 2 ranks
     half = {name: t[rank * 4 : (rank + 1) * 4] for name, t in data().items()}
     return all_ranks(
         {
-            "center": updated_center(torch.zeros(1, 5), half["teacher"], 0.9),
-            "moco": contrastive(half["q"], half["k"], 0.2),
-            "simclr": nt_xent(half["z1"], half["z2"], 0.5),
-            "sinkhorn": sinkhorn_knopp(half["scores"], 0.5, 3),
+            "center": updated_center(torch.zeros(1, 5), half["teacher"], 0.9, group),
+            "moco": contrastive(half["q"], half["k"], 0.2, group),
+            "simclr": nt_xent(half["z1"], half["z2"], 0.5, group),
+            "sinkhorn": sinkhorn_knopp(half["scores"], 0.5, 3, group),
         }
     )
 
