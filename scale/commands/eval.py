@@ -1,4 +1,5 @@
-"""scale eval knn|linear|logreg|correspondence|finetune RECIPE [overrides] (--weights FILE | --random-init)"""
+"""scale eval knn|linear|logreg|correspondence|finetune|video-segmentation|retrieval|copy-detection RECIPE [overrides]
+(--weights FILE | --random-init)"""
 
 import argparse
 
@@ -39,6 +40,7 @@ def register(sub) -> None:
                 help="the training run (default runs/finetune/<recipe>); an existing one continues from its checkpoint",
             )
         child.set_defaults(func=cmd_eval, eval_kind=kind, parser=child)
+    _register_protocols(esub)
 
 
 def _common(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -216,3 +218,92 @@ TABLES = {
     "correspondence": correspondence_table,
     "finetune": finetune_table,
 }
+
+
+# Dense and retrieval protocols of DINO Tables 3-5: one process, data sets in their own published layouts.
+PROTOCOLS = {
+    "video-segmentation": "DAVIS 2017 label propagation through the patch features, J&F mean (DINO Table 5)",
+}
+
+
+def _register_protocols(esub) -> None:
+    for kind, text in PROTOCOLS.items():
+        child = esub.add_parser(kind, help=text, description=text)
+        child.add_argument("recipe", help="recipe name or YAML path (its model section builds the backbone)")
+        child.add_argument("overrides", nargs="*", help="section.key=value")
+        source = child.add_mutually_exclusive_group(required=True)
+        source.add_argument("--weights", metavar="FILE", help="exported backbone (.safetensors or torch state dict)")
+        source.add_argument("--random-init", action="store_true", help="evaluate the backbone at random init")
+        child.add_argument("--model", help="backbone name (overrides model.name)")
+        child.add_argument("--out", help=f"result JSON (default eval/{kind.replace('-', '_')}.json)")
+        child.set_defaults(func=cmd_protocol, eval_kind=kind)
+        if kind == "video-segmentation":
+            child.add_argument("--davis", required=True, metavar="ROOT", help="DAVIS 2017 root (see README)")
+            child.add_argument("--split", default="val", help="ImageSets/2017/<split>.txt")
+            child.add_argument("--max-videos", type=int, help="only the first N videos")
+            child.add_argument("--n-last-frames", type=int, default=7, help="previous frames used as context")
+            child.add_argument("--neighbourhood", type=int, default=12, help="patch radius of source patches; 0: all")
+            child.add_argument("--topk", type=int, default=5, help="source patches kept per target patch")
+            child.add_argument("--short-side", type=int, default=480, help="frames resized to this shorter side")
+            child.add_argument("--save-masks", metavar="DIR", help="write the predicted palette PNGs per video")
+
+
+def cmd_protocol(args) -> int:
+    import torch
+
+    from scale.eval.session import build_config, write_json
+    from scale.eval.weights import load_backbone
+
+    cfg = build_config(args.recipe, args.overrides, args.model)
+    run = _protocol_runner(args)  # reads the data set layout before the backbone is built
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.train.seed)
+    backbone = load_backbone(cfg.model, args.weights, device)
+    result = {
+        "eval": args.eval_kind,
+        "model": cfg.model.name,
+        "weights": args.weights,
+        "random_init": args.weights is None,
+        **run(backbone, list(cfg.data.views.mean), list(cfg.data.views.std), device),
+    }
+    path = write_json(args.out or f"eval/{args.eval_kind.replace('-', '_')}.json", result)
+    Console().print(PROTOCOL_TABLES[args.eval_kind](result))
+    print(f"wrote {path}")
+    return 0
+
+
+def _protocol_runner(args):
+    """A function (backbone, mean, std, device) -> result fields, with the data set already checked."""
+    from pathlib import Path
+
+    if args.eval_kind == "video-segmentation":
+        from scale.eval import video_segmentation as vos
+
+        videos = vos.read_davis(args.davis, args.split, args.max_videos)
+        settings = {
+            "n_last_frames": args.n_last_frames,
+            "neighbourhood": args.neighbourhood,
+            "topk": args.topk,
+            "short_side": args.short_side,
+        }
+        masks = Path(args.save_masks) if args.save_masks else None
+        return lambda backbone, mean, std, device: {
+            "davis": args.davis,
+            **vos.evaluate(backbone, videos, settings, mean, std, device, masks),
+        }
+    raise AssertionError(args.eval_kind)
+
+
+def video_segmentation_table(result: dict) -> Table:
+    table = Table("videos", "objects", "J&F mean", "J mean", "F mean", title=_title(result))
+    table.add_row(
+        str(len(result["videos"])),
+        str(result["objects"]),
+        f"{result['jf_mean']:.1f}",
+        f"{result['j_mean']:.1f}",
+        f"{result['f_mean']:.1f}",
+    )
+    return table
+
+
+PROTOCOL_TABLES = {"video-segmentation": video_segmentation_table}
