@@ -2,6 +2,7 @@
 validation accuracy and throughput, all read from run directories (config.yaml, metrics.jsonl, eval/*.json)."""
 
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -90,6 +91,17 @@ def markdown_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def copy_pictures(runs: list[dict], out_dir: Path) -> list[str]:
+    """The PNGs `scale viz` (or the demo) wrote under <run>/viz/, copied next to the report and shown in it."""
+    lines = []
+    for run in runs:
+        for png in sorted((run["root"] / "viz").glob("*.png")):
+            target = out_dir / f"{run['root'].name}_{png.name}"
+            shutil.copyfile(png, target)
+            lines += [f"![{png.stem}]({target.name})", ""]
+    return lines
+
+
 def write_report(
     run_dirs: list[str | Path],
     out_dir: str | Path,
@@ -105,6 +117,7 @@ def write_report(
         png = plot_series(runs, key, label, out_dir / f"{name}.png")
         if png:
             parts += [f"![{label}]({png.name})", ""]
+    parts += copy_pictures(runs, out_dir)
     report = out_dir / "report.md"
     report.write_text("\n".join(parts))
     return report

@@ -50,5 +50,6 @@ def attention_picture(backbones: dict, image: torch.Tensor, mean, std, keep: flo
     for label, backbone in backbones.items():
         maps = attn.attention_maps(backbone, image[None])[0]
         masks = attn.upsample(attn.mass_mask(maps, keep), size).bool().numpy()
-        rows[f"{label}\n({attn.query_kind(backbone)})"] = (attn.upsample(maps, size).numpy(), masks)
-    return attention_figure(to_display(image, mean, std), rows, keep, title, out)
+        rows[label] = (attn.upsample(maps, size).numpy(), masks)
+    query = attn.query_kind(next(iter(backbones.values())))
+    return attention_figure(to_display(image, mean, std), rows, keep, f"{title}\nquery: {query}", out)

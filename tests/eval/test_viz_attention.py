@@ -128,3 +128,16 @@ def test_cli_draws_pictures_and_scores_voc(tmp_path, capsys):
 def test_cli_refuses_backbones_without_global_attention(capsys):
     code = cli(["viz", "attention", "demo/esvit_tiny", "--random-init", "--image", "x.png"])
     assert code == 2 and "not a ViT" in capsys.readouterr().err
+
+
+def test_report_shows_the_pictures_of_a_run(tmp_path):
+    from scale.config import to_yaml
+    from scale.report import write_report
+
+    run = tmp_path / "run"
+    (run / "viz").mkdir(parents=True)
+    (run / "config.yaml").write_text(to_yaml(load_recipe(RECIPE)))
+    Image.new("RGB", (8, 8)).save(run / "viz" / "attention_cat.png")
+    report = write_report([run], tmp_path / "report")
+    assert "![attention_cat](run_attention_cat.png)" in report.read_text()
+    assert (tmp_path / "report" / "run_attention_cat.png").is_file()
