@@ -223,6 +223,7 @@ TABLES = {
 # Dense and retrieval protocols of DINO Tables 3-5: one process, data sets in their own published layouts.
 PROTOCOLS = {
     "video-segmentation": "DAVIS 2017 label propagation through the patch features, J&F mean (DINO Table 5)",
+    "retrieval": "revisited Oxford / Paris retrieval with frozen features, mAP Medium and Hard (DINO Table 3)",
 }
 
 
@@ -246,6 +247,20 @@ def _register_protocols(esub) -> None:
             child.add_argument("--topk", type=int, default=5, help="source patches kept per target patch")
             child.add_argument("--short-side", type=int, default=480, help="frames resized to this shorter side")
             child.add_argument("--save-masks", metavar="DIR", help="write the predicted palette PNGs per video")
+        if kind == "retrieval":
+            child.add_argument("--data", required=True, metavar="ROOT", help="folder holding roxford5k/, rparis6k/")
+            child.add_argument("--dataset", default="roxford5k", help="roxford5k | rparis6k")
+            child.add_argument(
+                "--imsize", type=int, default=224, help="longer side at most (DINO: Oxford 224, Paris 512)"
+            )
+            child.add_argument(
+                "--multiscale", action="store_true", help="mean of scales 1, 1/sqrt(2), 1/2 (DINO: Paris)"
+            )
+            child.add_argument(
+                "--query-crop",
+                action="store_true",
+                help="crop queries to their bbx as the revisited protocol defines (DINO's code does not)",
+            )
 
 
 def cmd_protocol(args) -> int:
@@ -291,6 +306,13 @@ def _protocol_runner(args):
             "davis": args.davis,
             **vos.evaluate(backbone, videos, settings, mean, std, device, masks),
         }
+    if args.eval_kind == "retrieval":
+        from scale.eval import retrieval
+
+        data = retrieval.read_revisited(args.data, args.dataset)
+        return lambda backbone, mean, std, device: retrieval.evaluate(
+            backbone, data, args.imsize, args.multiscale, args.query_crop, mean, std, device
+        )
     raise AssertionError(args.eval_kind)
 
 
@@ -306,4 +328,16 @@ def video_segmentation_table(result: dict) -> Table:
     return table
 
 
-PROTOCOL_TABLES = {"video-segmentation": video_segmentation_table}
+def retrieval_table(result: dict) -> Table:
+    table = Table("data set", "images", "queries", "mAP Medium", "mAP Hard", title=_title(result))
+    table.add_row(
+        result["dataset"],
+        str(result["images"]),
+        str(result["queries"]),
+        f"{result['medium_map']:.1f}",
+        f"{result['hard_map']:.1f}",
+    )
+    return table
+
+
+PROTOCOL_TABLES = {"video-segmentation": video_segmentation_table, "retrieval": retrieval_table}

@@ -30,10 +30,15 @@ def to_input(image: Image.Image | np.ndarray, short_side: int | None, multiple: 
     tensor = TF.to_dtype(TF.pil_to_tensor(image), torch.float32, scale=True)
     if short_side:
         tensor = TF.resize(tensor, [short_side], antialias=True)
-    height, width = tensor.shape[1] - tensor.shape[1] % multiple, tensor.shape[2] - tensor.shape[2] % multiple
+    return TF.normalize(fit_to_patches(tensor, multiple), list(mean), list(std))
+
+
+def fit_to_patches(images: torch.Tensor, multiple: int) -> torch.Tensor:
+    """[..., H, W] with the bottom rows and right columns cut so that H and W are multiples of `multiple`."""
+    height, width = images.shape[-2] - images.shape[-2] % multiple, images.shape[-1] - images.shape[-1] % multiple
     if height == 0 or width == 0:
-        raise UserError(f"image of {tuple(tensor.shape[1:])} px is smaller than one {multiple} px patch")
-    return TF.normalize(tensor[:, :height, :width], list(mean), list(std))
+        raise UserError(f"image of {tuple(images.shape[-2:])} px is smaller than one {multiple} px patch")
+    return images[..., :height, :width]
 
 
 def to_display(tensor: torch.Tensor, mean, std) -> np.ndarray:
@@ -43,4 +48,6 @@ def to_display(tensor: torch.Tensor, mean, std) -> np.ndarray:
 
 
 def patch_size(backbone) -> int:
-    return int(backbone.patch_embed.patch_size[0])
+    """The input side multiple a backbone needs: its patch size (1 without a patch embedding, e.g. ResNet)."""
+    size = getattr(getattr(backbone, "patch_embed", None), "patch_size", 1)
+    return int(size[0] if isinstance(size, (tuple, list)) else size)
