@@ -224,6 +224,7 @@ TABLES = {
 PROTOCOLS = {
     "video-segmentation": "DAVIS 2017 label propagation through the patch features, J&F mean (DINO Table 5)",
     "retrieval": "revisited Oxford / Paris retrieval with frozen features, mAP Medium and Hard (DINO Table 3)",
+    "copy-detection": "Copydays strong subset with distractors and whitening, mAP (DINO Table 4)",
 }
 
 
@@ -261,6 +262,14 @@ def _register_protocols(esub) -> None:
                 action="store_true",
                 help="crop queries to their bbx as the revisited protocol defines (DINO's code does not)",
             )
+        if kind == "copy-detection":
+            child.add_argument("--copydays", required=True, metavar="ROOT", help="Copydays root: original/, strong/")
+            child.add_argument("--distractors", metavar="DIR", help="distractor images (the paper: 10k YFCC100M)")
+            child.add_argument(
+                "--whitening", metavar="DIR", help="images the whitening is learned on (default: the distractors)"
+            )
+            child.add_argument("--imsize", type=int, default=224, help="square input side (DINO: 224 /16, 320 /8)")
+            child.add_argument("--top", type=int, default=20, help="results per query the AP reads (DINO: 20)")
 
 
 def cmd_protocol(args) -> int:
@@ -313,6 +322,14 @@ def _protocol_runner(args):
         return lambda backbone, mean, std, device: retrieval.evaluate(
             backbone, data, args.imsize, args.multiscale, args.query_crop, mean, std, device
         )
+    if args.eval_kind == "copy-detection":
+        from scale.eval import copy_detection
+
+        data = copy_detection.read_inputs(args.copydays, args.distractors, args.whitening)
+        return lambda backbone, mean, std, device: {
+            "copydays": args.copydays,
+            **copy_detection.evaluate(backbone, data, args.imsize, args.top, mean, std, device),
+        }
     raise AssertionError(args.eval_kind)
 
 
@@ -340,4 +357,20 @@ def retrieval_table(result: dict) -> Table:
     return table
 
 
-PROTOCOL_TABLES = {"video-segmentation": video_segmentation_table, "retrieval": retrieval_table}
+def copy_detection_table(result: dict) -> Table:
+    table = Table("queries", "originals", "distractors", "whitening images", "mAP strong", title=_title(result))
+    table.add_row(
+        str(result["queries"]),
+        str(result["originals"]),
+        str(result["distractors"]),
+        str(result["whitening_images"]),
+        f"{result['strong_map']:.1f}",
+    )
+    return table
+
+
+PROTOCOL_TABLES = {
+    "video-segmentation": video_segmentation_table,
+    "retrieval": retrieval_table,
+    "copy-detection": copy_detection_table,
+}
