@@ -71,6 +71,43 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _reported(meta) -> str:
+    return ", ".join(f"{k} {v}" for k, v in OmegaConf.to_container(meta.reported).items()) or "–"
+
+
+PROTOCOL_HEADLINES = {  # eval/<stem>.json of `scale eval <protocol> --run-dir` and `scale viz attention --run-dir`
+    "retrieval": lambda r: f"{r['dataset']} mAP M {r['medium_map']:.1f}, H {r['hard_map']:.1f}",
+    "copy_detection": lambda r: f"strong mAP {r['strong_map']:.1f}",
+    "video_segmentation": lambda r: f"J&F {r['jf_mean']:.1f}, J {r['j_mean']:.1f}, F {r['f_mean']:.1f}",
+    "attention": lambda r: ", ".join(
+        f"Jaccard {label} {entry['jaccard_best_head']:.1f} (best head)" for label, entry in r.get("jaccard", {}).items()
+    ),
+}
+
+
+def protocol_table(runs: list[dict]) -> list[str]:
+    """Paper numbers next to the retrieval, copy-detection, video-segmentation and attention-mask results."""
+    rows = []
+    for run in runs:
+        meta = run["config"].meta
+        for stem, result in run["evals"].items():
+            kind = next((k for k in PROTOCOL_HEADLINES if stem == k or stem.startswith(f"{k}_")), None)
+            if kind:
+                rows.append(
+                    f"| {meta.name} | {meta.table} | {_reported(meta)} | {stem} | {PROTOCOL_HEADLINES[kind](result)} |"
+                )
+    if not rows:
+        return []
+    return [
+        "## Retrieval, copy detection, video segmentation, attention masks",
+        "",
+        "| recipe | table | reported | evaluation | measured |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def markdown_table(runs: list[dict]) -> str:
     """Paper-reported numbers (meta.reported) next to what the run measured."""
     lines = [
@@ -80,7 +117,7 @@ def markdown_table(runs: list[dict]) -> str:
     ]
     for run in runs:
         meta = run["config"].meta
-        reported = ", ".join(f"{k} {v}" for k, v in OmegaConf.to_container(meta.reported).items()) or "–"
+        reported = _reported(meta)
         knn = run["evals"].get("knn_after", run["evals"].get("knn", {})).get("top1")
         val = run["evals"].get("val", {}).get("top1")
         lines.append(
@@ -111,7 +148,7 @@ def write_report(
     runs = [load_run(p) for p in run_dirs]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    parts = [f"# {title}", "", markdown_table(runs), ""]
+    parts = [f"# {title}", "", markdown_table(runs), ""] + protocol_table(runs)
     parts += extra_sections or []
     for name, (key, label) in PLOTS.items():
         png = plot_series(runs, key, label, out_dir / f"{name}.png")

@@ -221,6 +221,7 @@ TABLES = {
 
 
 # Dense and retrieval protocols of DINO Tables 3-5: one process, data sets in their own published layouts.
+RUN_DIR_HELP = "write the result to DIR/eval/ and the recipe to DIR/config.yaml (if absent), for `scale report DIR`"
 PROTOCOLS = {
     "video-segmentation": "DAVIS 2017 label propagation through the patch features, J&F mean (DINO Table 5)",
     "retrieval": "revisited Oxford / Paris retrieval with frozen features, mAP Medium and Hard (DINO Table 3)",
@@ -238,6 +239,7 @@ def _register_protocols(esub) -> None:
         source.add_argument("--random-init", action="store_true", help="evaluate the backbone at random init")
         child.add_argument("--model", help="backbone name (overrides model.name)")
         child.add_argument("--out", help=f"result JSON (default eval/{kind.replace('-', '_')}.json)")
+        child.add_argument("--run-dir", help=RUN_DIR_HELP)
         child.set_defaults(func=cmd_protocol, eval_kind=kind)
         if kind == "video-segmentation":
             child.add_argument("--davis", required=True, metavar="ROOT", help="DAVIS 2017 root (see README)")
@@ -290,10 +292,29 @@ def cmd_protocol(args) -> int:
         "random_init": args.weights is None,
         **run(backbone, list(cfg.data.views.mean), list(cfg.data.views.std), device),
     }
-    path = write_json(args.out or f"eval/{args.eval_kind.replace('-', '_')}.json", result)
+    stem = args.eval_kind.replace("-", "_") + (f"_{args.dataset}" if args.eval_kind == "retrieval" else "")
+    path = write_json(result_path(args.out, args.run_dir, cfg, stem), result)
     Console().print(PROTOCOL_TABLES[args.eval_kind](result))
     print(f"wrote {path}")
     return 0
+
+
+def result_path(out: str | None, run_dir: str | None, cfg, stem: str):
+    """--out; else <run_dir>/eval/<stem>.json, the run directory getting the recipe so that `scale report` reads
+    the paper's numbers next to the result; else eval/<stem>.json."""
+    from pathlib import Path
+
+    from scale.rundir import RunDir
+
+    if out:
+        return Path(out)
+    if run_dir is None:
+        return Path("eval") / f"{stem}.json"
+    run = RunDir(run_dir)
+    run.root.mkdir(parents=True, exist_ok=True)
+    if not run.config.exists():
+        run.write_config(cfg)
+    return run.root / "eval" / f"{stem}.json"
 
 
 def _protocol_runner(args):

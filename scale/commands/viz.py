@@ -22,7 +22,10 @@ def register(sub) -> None:
     child.add_argument(
         "--image-size", type=int, default=480, help="resize the shorter side to this (DINO: 480); 0 keeps it"
     )
-    child.add_argument("--out", default="viz/attention", help="folder for the PNGs and attention.json")
+    child.add_argument("--out", help="folder for the PNGs and attention.json (default viz/attention)")
+    child.add_argument(
+        "--run-dir", help="PNGs to DIR/viz/, attention.json to DIR/eval/, the recipe to DIR/config.yaml (if absent)"
+    )
     child.set_defaults(func=cmd_attention)
 
 
@@ -66,6 +69,7 @@ def load_backbones(args) -> tuple[object, dict]:
 
 
 def cmd_attention(args) -> int:
+    from scale.commands.eval import result_path
     from scale.errors import UserError
     from scale.eval import voc
     from scale.eval.session import write_json
@@ -83,7 +87,7 @@ def cmd_attention(args) -> int:
         check_vit(backbone, cfg.model.name)
     mean, std = list(cfg.data.views.mean), list(cfg.data.views.std)
     patch = patch_size(next(iter(backbones.values())))
-    out = Path(args.out)
+    out = Path(args.out or (Path(args.run_dir) / "viz" if args.run_dir else "viz/attention"))
     result = {"model": cfg.model.name, "backbones": list(backbones), "pictures": [], "threshold": args.threshold}
     for path in images:
         image = to_input(read_rgb(path), args.image_size or None, patch, mean, std)
@@ -102,5 +106,8 @@ def cmd_attention(args) -> int:
                 f"{label}: Jaccard best head {entry['jaccard_best_head']:.1f} (head {entry['best_head']}), "
                 f"mean over heads {entry['jaccard_mean_heads']:.1f} ({entry['images']} images)"
             )
-    print(f"wrote {write_json(out / 'attention.json', result)}")
+    json_path = (
+        out / "attention.json" if args.out or not args.run_dir else result_path(None, args.run_dir, cfg, "attention")
+    )
+    print(f"wrote {write_json(json_path, result)}")
     return 0

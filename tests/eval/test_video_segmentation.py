@@ -122,3 +122,16 @@ def test_cli_scores_a_made_up_davis(tmp_path, capsys):
     (root / "ImageSets" / "2017" / "val.txt").unlink()
     assert cli([*args, "--out", str(out)]) == 2
     assert "ImageSets/2017/val.txt" in capsys.readouterr().err
+
+
+def test_table5_recipe_result_lands_in_the_report(tmp_path):
+    root = make_davis(tmp_path / "DAVIS", videos=("bear",))
+    run = tmp_path / "run"
+    shrink = ["model.name=vit_nano", "model.img_size=32", "model.patch_size=8"]
+    args = ["eval", "video-segmentation", "dino/table5/vit_s16", *shrink, "--random-init", "--davis", str(root)]
+    assert cli([*args, "--short-side", "64", "--run-dir", str(run)]) == 0
+    result = json.loads((run / "eval" / "video_segmentation.json").read_text())
+    assert cli(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| dino/table5/vit_s16 | table5 |"))
+    assert "jf_mean 61.8" in row and f"J&F {result['jf_mean']:.1f}" in row
