@@ -6,11 +6,12 @@ from pathlib import Path
 HELP = {
     "attention": "last-block self-attention per head of a ViT's class token as PNGs, 60%-mass masks and their "
     "Jaccard against PASCAL VOC12 foreground (DINO Fig. 1/3/4)",
+    "correspondence": "the top matched regions between an image and its flipped, jittered view (EsViT Fig. 8)",
 }
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("viz", help="pictures: attention maps (DINO Fig. 1/3/4)")
+    parser = sub.add_parser("viz", help="pictures: attention maps (DINO Fig. 1/3/4), matched regions (EsViT Fig. 8)")
     vsub = parser.add_subparsers(dest="viz_command", required=True, metavar="VIZ")
     child = vsub.add_parser("attention", help=HELP["attention"], description=HELP["attention"])
     _backbones(child)
@@ -27,6 +28,14 @@ def register(sub) -> None:
         "--run-dir", help="PNGs to DIR/viz/, attention.json to DIR/eval/, the recipe to DIR/config.yaml (if absent)"
     )
     child.set_defaults(func=cmd_attention)
+    child = vsub.add_parser("correspondence", help=HELP["correspondence"], description=HELP["correspondence"])
+    _backbones(child)
+    child.add_argument("--image", action="append", required=True, metavar="FILE", help="an image; repeatable")
+    child.add_argument("--image-size", type=int, default=224, help="resize the shorter side to this; 0 keeps it")
+    child.add_argument("--top", type=int, default=10, help="matches drawn (EsViT: the 10 most confident)")
+    child.add_argument("--seed", type=int, default=0, help="seed of the second view's jitter")
+    child.add_argument("--out", default="viz/correspondence", help="folder for the PNGs")
+    child.set_defaults(func=cmd_correspondence)
 
 
 def _backbones(parser: argparse.ArgumentParser) -> None:
@@ -110,4 +119,21 @@ def cmd_attention(args) -> int:
         out / "attention.json" if args.out or not args.run_dir else result_path(None, args.run_dir, cfg, "attention")
     )
     print(f"wrote {write_json(json_path, result)}")
+    return 0
+
+
+def cmd_correspondence(args) -> int:
+    from scale.viz.correspondence import correspondence_picture
+    from scale.viz.images import patch_size, read_rgb, to_input
+
+    cfg, backbones = load_backbones(args)
+    mean, std = list(cfg.data.views.mean), list(cfg.data.views.std)
+    multiple = max(patch_size(b) for b in backbones.values())
+    for path in map(Path, args.image):
+        image = to_input(read_rgb(path), args.image_size or None, multiple, mean, std)
+        title = f"{cfg.model.name}: top {args.top} matches, view 1 -> its flipped, jittered view ({path.name})"
+        png = correspondence_picture(
+            backbones, image, mean, std, args.top, args.seed, title, Path(args.out) / f"correspondence_{path.stem}.png"
+        )
+        print(f"wrote {png}")
     return 0
