@@ -141,3 +141,33 @@ def test_report_shows_the_pictures_of_a_run(tmp_path):
     report = write_report([run], tmp_path / "report")
     assert "![attention_cat](run_attention_cat.png)" in report.read_text()
     assert (tmp_path / "report" / "run_attention_cat.png").is_file()
+
+
+def test_run_dir_puts_pictures_and_jaccard_in_the_report(tmp_path):
+    root = make_voc(tmp_path / "VOC2012", names=("2007_000001",))
+    run = tmp_path / "run"
+    shrink = ["model.name=vit_nano", "model.img_size=32", "model.patch_size=8"]
+    args = ["viz", "attention", "dino/fig4/vit_s16", *shrink, "--random-init", "--voc", str(root)]
+    assert cli([*args, "--image-size", "32", "--run-dir", str(run)]) == 0
+    assert (run / "viz" / "attention_2007_000001.png").is_file() and (run / "eval" / "attention.json").is_file()
+    assert cli(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| dino/fig4/vit_s16 | fig4 |"))
+    assert "jaccard_dino 45.9" in row and "Jaccard random init" in row
+    assert "![attention_2007_000001](run_attention_2007_000001.png)" in text
+
+
+def test_report_headlines_of_every_protocol(tmp_path):
+    from scale.report import protocol_table
+
+    evals = {
+        "retrieval_roxford5k": {"dataset": "roxford5k", "medium_map": 41.84, "hard_map": 13.66},
+        "copy_detection": {"strong_map": 81.66},
+        "video_segmentation": {"jf_mean": 61.8, "j_mean": 60.2, "f_mean": 63.4},
+        "knn": {"top1": 70.0},
+    }
+    run = {"config": load_recipe("dino/table3/vit_s16"), "evals": evals}
+    rows = [line for line in protocol_table([run]) if line.startswith("| dino/table3/vit_s16")]
+    assert [row.split(" | ")[3] for row in rows] == ["retrieval_roxford5k", "copy_detection", "video_segmentation"]
+    assert rows[0].endswith("| roxford5k mAP M 41.8, H 13.7 |") and rows[1].endswith("| strong mAP 81.7 |")
+    assert "roxford_m 41.8" in rows[0]
