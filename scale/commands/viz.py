@@ -64,7 +64,10 @@ def load_backbones(args) -> tuple[object, dict]:
     sources = {}
     for entry in args.weights:
         label, _, path = entry.rpartition("=")
-        sources[label or Path(path).stem] = path
+        label = label or Path(path).stem
+        if label in sources:
+            raise UserError(f"--weights: two backbones labelled '{label}'; name them LABEL=FILE")
+        sources[label] = path
     if args.random_init:
         sources["random init"] = None
     if not sources:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
 from scale.errors import UserError
@@ -46,17 +47,16 @@ def read_voc(root: str | Path, split: str = "val", limit: int | None = None) -> 
     return samples
 
 
-def read_foreground(path: Path, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Foreground and void masks of a palette PNG, resized (nearest) so that the shorter side matches the input
-    and cut to `size` (H, W) like the image."""
+def read_foreground(path: Path, short_side: int | None, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Foreground and void masks of a palette PNG on the image's grid: the shorter side resized to `short_side`
+    (nearest; None keeps it) and cut to `size` (H, W), as `to_input` does to the image."""
     with Image.open(path) as png:
         if png.mode not in ("P", "L"):
             raise UserError(f"{path}: expected a palette (class index) PNG, got mode {png.mode}")
-        labels = png.copy()
-    width, height = labels.size
-    scale = min(size) / min(height, width) if min(size) else 1.0
-    target = (max(size[1], round(width * scale)), max(size[0], round(height * scale)))
-    labels = np.asarray(labels.resize(target, Image.NEAREST))[: size[0], : size[1]]
+        labels = torch.from_numpy(np.array(png))[None]
+    if short_side:
+        labels = TF.resize(labels, [short_side], interpolation=TF.InterpolationMode.NEAREST)
+    labels = labels[0, : size[0], : size[1]].numpy()
     return (labels != 0) & (labels != VOID), labels == VOID
 
 
@@ -68,7 +68,7 @@ def evaluate(backbone, samples: list[VocSample], keep: float, short_side: int | 
         image = to_input(read_rgb(sample.image), short_side, patch_size(backbone), mean, std)
         size = tuple(image.shape[1:])
         masks = attn.upsample(attn.mass_mask(attn.attention_maps(backbone, image[None])[0], keep), size).bool()
-        truth, void = read_foreground(sample.mask, size)
+        truth, void = read_foreground(sample.mask, short_side, size)
         per_image.append([attn.jaccard(m.numpy(), truth, void) for m in masks])
     per_head = 100.0 * np.asarray(per_image).mean(axis=0)
     return {

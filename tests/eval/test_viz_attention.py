@@ -83,9 +83,11 @@ def test_voc_layout_is_read_and_a_missing_file_is_named(tmp_path):
     root = make_voc(tmp_path / "VOC2012")
     samples = voc.read_voc(root, "val")
     assert [s.name for s in samples] == ["2007_000001", "2007_000002"]
-    fg, void = voc.read_foreground(samples[0].mask, (32, 40))  # shorter side 40 -> 32: 0.8 scale
-    assert fg.shape == (32, 40) and void.any() and not (fg & void).any()
-    assert fg.sum() == pytest.approx(21 * 30 * 0.64, rel=0.15)
+    fg, void = voc.read_foreground(samples[0].mask, 32, (32, 32))  # 40x48 -> 32x38, cut to 32x32
+    assert fg.shape == (32, 32) and void.any() and not (fg & void).any()
+    assert fg.sum() == pytest.approx(21 * 0.8 * (32 - 10 * 0.8), rel=0.15)  # rows 8..30, columns 8..32 of 32x38
+    fg_kept, _ = voc.read_foreground(samples[0].mask, None, (40, 48))
+    assert fg_kept.sum() == 22 * 30 - 30  # rows 8..29 and columns 10..39, the void first row left out
     (root / "SegmentationClass" / "2007_000002.png").unlink()
     with pytest.raises(UserError, match="2007_000002.png"):
         voc.read_voc(root, "val")
@@ -105,7 +107,7 @@ def test_voc_jaccard_equals_the_per_head_masks(tmp_path):
     for sample in samples:
         image = to_input(read_rgb(sample.image), 32, 8, mean, std)
         masks = attn.upsample(attn.mass_mask(attn.attention_maps(backbone, image[None])[0], 0.6), (32, 32))
-        fg, void = voc.read_foreground(sample.mask, (32, 32))
+        fg, void = voc.read_foreground(sample.mask, 32, (32, 32))
         by_hand.append([attn.jaccard(m.numpy() > 0, fg, void) for m in masks])
     expected = 100 * np.mean(by_hand, axis=0)
     np.testing.assert_allclose(result["jaccard_per_head"], expected)
