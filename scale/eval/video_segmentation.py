@@ -121,7 +121,7 @@ def segment_video(backbone, video: Video, cfg: dict, mean, std, device) -> list[
     patch = patch_size(backbone)
     size = input_size(*first.shape, cfg["short_side"])
 
-    def features(path: Path) -> torch.Tensor:
+    def features(path: Path) -> tuple[torch.Tensor, tuple[int, int]]:
         out = backbone(frame_tensor(path, size, mean, std)[None].to(device))
         return out["tokens"][0].float(), out["grid"]
 
