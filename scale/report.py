@@ -2,6 +2,7 @@
 validation accuracy and throughput, all read from run directories (config.yaml, metrics.jsonl, eval/*.json)."""
 
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -70,6 +71,43 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _reported(meta) -> str:
+    return ", ".join(f"{k} {v}" for k, v in OmegaConf.to_container(meta.reported).items()) or "–"
+
+
+PROTOCOL_HEADLINES = {  # eval/<stem>.json of `scale eval <protocol> --run-dir` and `scale viz attention --run-dir`
+    "retrieval": lambda r: f"{r['dataset']} mAP M {r['medium_map']:.1f}, H {r['hard_map']:.1f}",
+    "copy_detection": lambda r: f"strong mAP {r['strong_map']:.1f}",
+    "video_segmentation": lambda r: f"J&F {r['jf_mean']:.1f}, J {r['j_mean']:.1f}, F {r['f_mean']:.1f}",
+    "attention": lambda r: ", ".join(
+        f"Jaccard {label} {entry['jaccard_best_head']:.1f} (best head)" for label, entry in r.get("jaccard", {}).items()
+    ),
+}
+
+
+def protocol_table(runs: list[dict]) -> list[str]:
+    """Paper numbers next to the retrieval, copy-detection, video-segmentation and attention-mask results."""
+    rows = []
+    for run in runs:
+        meta = run["config"].meta
+        for stem, result in run["evals"].items():
+            kind = next((k for k in PROTOCOL_HEADLINES if stem == k or stem.startswith(f"{k}_")), None)
+            if kind:
+                rows.append(
+                    f"| {meta.name} | {meta.table} | {_reported(meta)} | {stem} | {PROTOCOL_HEADLINES[kind](result)} |"
+                )
+    if not rows:
+        return []
+    return [
+        "## Retrieval, copy detection, video segmentation, attention masks",
+        "",
+        "| recipe | table | reported | evaluation | measured |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def markdown_table(runs: list[dict]) -> str:
     """Paper-reported numbers (meta.reported) next to what the run measured."""
     lines = [
@@ -79,7 +117,7 @@ def markdown_table(runs: list[dict]) -> str:
     ]
     for run in runs:
         meta = run["config"].meta
-        reported = ", ".join(f"{k} {v}" for k, v in OmegaConf.to_container(meta.reported).items()) or "–"
+        reported = _reported(meta)
         knn = run["evals"].get("knn_after", run["evals"].get("knn", {})).get("top1")
         val = run["evals"].get("val", {}).get("top1")
         lines.append(
@@ -88,6 +126,17 @@ def markdown_table(runs: list[dict]) -> str:
             f"{_fmt(_last(run['metrics'], 'images_per_s'))} |"
         )
     return "\n".join(lines)
+
+
+def copy_pictures(runs: list[dict], out_dir: Path) -> list[str]:
+    """The PNGs `scale viz` (or the demo) wrote under <run>/viz/, copied next to the report and shown in it."""
+    lines = []
+    for run in runs:
+        for png in sorted((run["root"] / "viz").glob("*.png")):
+            target = out_dir / f"{run['root'].name}_{png.name}"
+            shutil.copyfile(png, target)
+            lines += [f"![{png.stem}]({target.name})", ""]
+    return lines
 
 
 def write_report(
@@ -99,12 +148,13 @@ def write_report(
     runs = [load_run(p) for p in run_dirs]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    parts = [f"# {title}", "", markdown_table(runs), ""]
+    parts = [f"# {title}", "", markdown_table(runs), ""] + protocol_table(runs)
     parts += extra_sections or []
     for name, (key, label) in PLOTS.items():
         png = plot_series(runs, key, label, out_dir / f"{name}.png")
         if png:
             parts += [f"![{label}]({png.name})", ""]
+    parts += copy_pictures(runs, out_dir)
     report = out_dir / "report.md"
     report.write_text("\n".join(parts))
     return report

@@ -1,4 +1,5 @@
-"""scale eval knn|linear|logreg|correspondence|finetune RECIPE [overrides] (--weights FILE | --random-init)"""
+"""scale eval knn|linear|logreg|correspondence|finetune|video-segmentation|retrieval|copy-detection RECIPE [overrides]
+(--weights FILE | --random-init)"""
 
 import argparse
 
@@ -39,6 +40,7 @@ def register(sub) -> None:
                 help="the training run (default runs/finetune/<recipe>); an existing one continues from its checkpoint",
             )
         child.set_defaults(func=cmd_eval, eval_kind=kind, parser=child)
+    _register_protocols(esub)
 
 
 def _common(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -215,4 +217,181 @@ TABLES = {
     "logreg": logreg_table,
     "correspondence": correspondence_table,
     "finetune": finetune_table,
+}
+
+
+# Dense and retrieval protocols of DINO Tables 3-5: one process, data sets in their own published layouts.
+RUN_DIR_HELP = "write the result to DIR/eval/ and the recipe to DIR/config.yaml (if absent), for `scale report DIR`"
+PROTOCOLS = {
+    "video-segmentation": "DAVIS 2017 label propagation through the patch features, J&F mean (DINO Table 5)",
+    "retrieval": "revisited Oxford / Paris retrieval with frozen features, mAP Medium and Hard (DINO Table 3)",
+    "copy-detection": "Copydays strong subset with distractors and whitening, mAP (DINO Table 4)",
+}
+
+
+def _register_protocols(esub) -> None:
+    for kind, text in PROTOCOLS.items():
+        child = esub.add_parser(kind, help=text, description=text)
+        child.add_argument("recipe", help="recipe name or YAML path (its model section builds the backbone)")
+        child.add_argument("overrides", nargs="*", help="section.key=value")
+        source = child.add_mutually_exclusive_group(required=True)
+        source.add_argument("--weights", metavar="FILE", help="exported backbone (.safetensors or torch state dict)")
+        source.add_argument("--random-init", action="store_true", help="evaluate the backbone at random init")
+        child.add_argument("--model", help="backbone name (overrides model.name)")
+        child.add_argument("--out", help=f"result JSON (default eval/{kind.replace('-', '_')}.json)")
+        child.add_argument("--run-dir", help=RUN_DIR_HELP)
+        child.set_defaults(func=cmd_protocol, eval_kind=kind)
+        if kind == "video-segmentation":
+            child.add_argument("--davis", required=True, metavar="ROOT", help="DAVIS 2017 root (see README)")
+            child.add_argument("--split", default="val", help="ImageSets/2017/<split>.txt")
+            child.add_argument("--max-videos", type=int, help="only the first N videos")
+            child.add_argument("--n-last-frames", type=int, default=7, help="previous frames used as context")
+            child.add_argument("--neighbourhood", type=int, default=12, help="patch radius of source patches; 0: all")
+            child.add_argument("--topk", type=int, default=5, help="source patches kept per target patch")
+            child.add_argument("--short-side", type=int, default=480, help="frames resized to this shorter side")
+            child.add_argument("--save-masks", metavar="DIR", help="write the predicted palette PNGs per video")
+        if kind == "retrieval":
+            child.add_argument("--data", required=True, metavar="ROOT", help="folder holding roxford5k/, rparis6k/")
+            child.add_argument("--dataset", default="roxford5k", help="roxford5k | rparis6k")
+            child.add_argument(
+                "--imsize", type=int, default=224, help="longer side at most (DINO: Oxford 224, Paris 512)"
+            )
+            child.add_argument(
+                "--multiscale", action="store_true", help="mean of scales 1, 1/sqrt(2), 1/2 (DINO: Paris)"
+            )
+            child.add_argument(
+                "--query-crop",
+                action="store_true",
+                help="crop queries to their bbx as the revisited protocol defines (DINO's code does not)",
+            )
+        if kind == "copy-detection":
+            child.add_argument("--copydays", required=True, metavar="ROOT", help="Copydays root: original/, strong/")
+            child.add_argument("--distractors", metavar="DIR", help="distractor images (the paper: 10k YFCC100M)")
+            child.add_argument(
+                "--whitening", metavar="DIR", help="images the whitening is learned on (default: the distractors)"
+            )
+            child.add_argument("--imsize", type=int, default=224, help="square input side (DINO: 224 /16, 320 /8)")
+            child.add_argument("--top", type=int, default=20, help="results per query the AP reads (DINO: 20)")
+
+
+def cmd_protocol(args) -> int:
+    import torch
+
+    from scale.eval.session import build_config, write_json
+    from scale.eval.weights import load_backbone
+
+    cfg = build_config(args.recipe, args.overrides, args.model)
+    run = _protocol_runner(args)  # reads the data set layout before the backbone is built
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.train.seed)
+    backbone = load_backbone(cfg.model, args.weights, device)
+    result = {
+        "eval": args.eval_kind,
+        "model": cfg.model.name,
+        "weights": args.weights,
+        "random_init": args.weights is None,
+        **run(backbone, list(cfg.data.views.mean), list(cfg.data.views.std), device),
+    }
+    stem = args.eval_kind.replace("-", "_") + (f"_{args.dataset}" if args.eval_kind == "retrieval" else "")
+    path = write_json(result_path(args.out, args.run_dir, cfg, stem), result)
+    Console().print(PROTOCOL_TABLES[args.eval_kind](result))
+    print(f"wrote {path}")
+    return 0
+
+
+def result_path(out: str | None, run_dir: str | None, cfg, stem: str):
+    """--out; else <run_dir>/eval/<stem>.json, the run directory getting the recipe so that `scale report` reads
+    the paper's numbers next to the result; else eval/<stem>.json."""
+    from pathlib import Path
+
+    from scale.rundir import RunDir
+
+    if out:
+        return Path(out)
+    if run_dir is None:
+        return Path("eval") / f"{stem}.json"
+    run = RunDir(run_dir)
+    run.root.mkdir(parents=True, exist_ok=True)
+    if not run.config.exists():
+        run.write_config(cfg)
+    return run.root / "eval" / f"{stem}.json"
+
+
+def _protocol_runner(args):
+    """A function (backbone, mean, std, device) -> result fields, with the data set already checked."""
+    from pathlib import Path
+
+    if args.eval_kind == "video-segmentation":
+        from scale.eval import video_segmentation as vos
+
+        videos = vos.read_davis(args.davis, args.split, args.max_videos)
+        settings = {
+            "n_last_frames": args.n_last_frames,
+            "neighbourhood": args.neighbourhood,
+            "topk": args.topk,
+            "short_side": args.short_side,
+        }
+        masks = Path(args.save_masks) if args.save_masks else None
+        return lambda backbone, mean, std, device: {
+            "davis": args.davis,
+            **vos.evaluate(backbone, videos, settings, mean, std, device, masks),
+        }
+    if args.eval_kind == "retrieval":
+        from scale.eval import retrieval
+
+        data = retrieval.read_revisited(args.data, args.dataset)
+        return lambda backbone, mean, std, device: retrieval.evaluate(
+            backbone, data, args.imsize, args.multiscale, args.query_crop, mean, std, device
+        )
+    if args.eval_kind == "copy-detection":
+        from scale.eval import copy_detection
+
+        data = copy_detection.read_inputs(args.copydays, args.distractors, args.whitening)
+        return lambda backbone, mean, std, device: {
+            "copydays": args.copydays,
+            **copy_detection.evaluate(backbone, data, args.imsize, args.top, mean, std, device),
+        }
+    raise AssertionError(args.eval_kind)
+
+
+def video_segmentation_table(result: dict) -> Table:
+    table = Table("videos", "objects", "J&F mean", "J mean", "F mean", title=_title(result))
+    table.add_row(
+        str(len(result["videos"])),
+        str(result["objects"]),
+        f"{result['jf_mean']:.1f}",
+        f"{result['j_mean']:.1f}",
+        f"{result['f_mean']:.1f}",
+    )
+    return table
+
+
+def retrieval_table(result: dict) -> Table:
+    table = Table("data set", "images", "queries", "mAP Medium", "mAP Hard", title=_title(result))
+    table.add_row(
+        result["dataset"],
+        str(result["images"]),
+        str(result["queries"]),
+        f"{result['medium_map']:.1f}",
+        f"{result['hard_map']:.1f}",
+    )
+    return table
+
+
+def copy_detection_table(result: dict) -> Table:
+    table = Table("queries", "originals", "distractors", "whitening images", "mAP strong", title=_title(result))
+    table.add_row(
+        str(result["queries"]),
+        str(result["originals"]),
+        str(result["distractors"]),
+        str(result["whitening_images"]),
+        f"{result['strong_map']:.1f}",
+    )
+    return table
+
+
+PROTOCOL_TABLES = {
+    "video-segmentation": video_segmentation_table,
+    "retrieval": retrieval_table,
+    "copy-detection": copy_detection_table,
 }

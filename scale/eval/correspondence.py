@@ -49,6 +49,15 @@ def second_view(
     return torch.stack(out)
 
 
+def top_matches(tokens1: torch.Tensor, tokens2: torch.Tensor, top: int) -> tuple[torch.Tensor, ...]:
+    """The `top` most confident matches per image ([B, top] each): cosine similarity, view-1 token index and the
+    view-2 token it matches best."""
+    sim = F.normalize(tokens1.float(), dim=-1) @ F.normalize(tokens2.float(), dim=-1).transpose(1, 2)
+    best_sim, match = sim.max(dim=2)  # [B, N]: best view-2 token of each view-1 token
+    conf, chosen = best_sim.topk(min(top, tokens1.shape[1]), dim=1)
+    return conf, chosen, match.gather(1, chosen)
+
+
 def match_scores(
     tokens1: torch.Tensor, tokens2: torch.Tensor, grid: tuple[int, int], stride: tuple[float, float], top: int = 10
 ) -> dict[str, torch.Tensor]:
@@ -57,10 +66,7 @@ def match_scores(
     height, width = grid
     if tokens1.shape[1] != height * width or tokens2.shape != tokens1.shape:
         raise ValueError(f"tokens {tuple(tokens1.shape)} / {tuple(tokens2.shape)} do not fit the grid {grid}")
-    sim = F.normalize(tokens1.float(), dim=-1) @ F.normalize(tokens2.float(), dim=-1).transpose(1, 2)
-    best_sim, match = sim.max(dim=2)  # [B, N]: best view-2 token of each view-1 token
-    conf, chosen = best_sim.topk(min(top, height * width), dim=1)
-    matched = match.gather(1, chosen)
+    conf, chosen, matched = top_matches(tokens1, tokens2, top)
     row, col = chosen // width, chosen % width
     true = row * width + (width - 1 - col)
     d_row = (matched // width - row).float() * stride[0]

@@ -23,6 +23,9 @@ def test_demo_story_end_to_end(tmp_path, capfd, monkeypatch):
     assert (run / "bench" / "bench.json").is_file()
     for png in ("loss.png", "throughput.png"):
         assert (run / "report" / png).stat().st_size > 1000
+    # DINO Fig. 1 for the demo: the trained ViT's attention next to random init's, shown in the report
+    assert "## Attention maps" in text and "![attention_digit0_label0](dino_attention_digit0_label0.png)" in text
+    assert (run / "report" / "dino_attention_digit0_label0.png").stat().st_size > 5000
     # interrupted once (preemption signal), resumed, and finished every step exactly once
     assert "interrupted at step" in out and "resuming from its latest checkpoint" in out
     steps = [m["step"] for m in read_metrics(run / "metrics.jsonl")]
