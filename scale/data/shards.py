@@ -314,7 +314,17 @@ def read_index(shard_dir, shard: dict) -> tuple[list, str | None]:
     """Member offsets of one shard: from its .idx file, else by scanning the tar (shards made by other tools)."""
     idx = Path(shard_dir) / shard.get("index", "")
     if shard.get("index") and idx.is_file():
-        return [tuple(m) for m in json.loads(idx.read_text())["members"]], None
+        try:
+            members = [(str(key), dict(exts)) for key, exts in json.loads(idx.read_text())["members"]]
+            for _key, exts in members:
+                if not all(isinstance(span, list) and len(span) == 2 for span in exts.values()):
+                    raise ValueError("a member's offsets are not [offset, size]")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            raise UserError(
+                f"{idx}: corrupt shard index ({type(err).__name__}: {err}); delete it and rebuild the shards "
+                f"with `scale shards build`"
+            ) from None
+        return members, None
     return scan_tar(Path(shard_dir) / shard["name"])
 
 
@@ -332,6 +342,7 @@ def verify(shard_dir, decode: bool = True, progress: bool = False) -> list[str]:
         members, error = scan_tar(path)
         if error:
             problems.append(f"{path}: {error}")
+        problems += _check_index(shard_dir, shard, members)
         if len(members) != shard["count"]:
             problems.append(f"{path}: {len(members)} samples, manifest says {shard['count']}")
         total += len(members)
@@ -341,6 +352,19 @@ def verify(shard_dir, decode: bool = True, progress: bool = False) -> list[str]:
     if manifest.get("num_samples") is not None and total != manifest["num_samples"]:
         problems.append(f"{shard_dir / MANIFEST}: num_samples {manifest['num_samples']}, shards hold {total}")
     return problems
+
+
+def _check_index(shard_dir: Path, shard: dict, members: list) -> list[str]:
+    """The shard's .idx (what the loader reads) must list the members the tar holds, at their offsets."""
+    if not shard.get("index") or not (shard_dir / shard["index"]).is_file():
+        return []
+    try:
+        indexed, _ = read_index(shard_dir, shard)
+    except UserError as err:
+        return [str(err)]
+    if indexed != [(key, {ext: list(span) for ext, span in exts.items()}) for key, exts in members]:
+        return [f"{shard_dir / shard['index']}: does not match the members of {shard['name']}"]
+    return []
 
 
 def _check_sample(f, path, key, exts, needs_label, decode) -> list[str]:
