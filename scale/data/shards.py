@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
@@ -102,6 +103,27 @@ def read_item_bytes(item: Item) -> bytes:
     return Path(item.ref).read_bytes()
 
 
+def to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB, scaled rather than clipped: 16-bit and 32-bit integer images by their range (convert("RGB")
+    clips every value above 255 to white), float images from [0, 1] (else their own min..max); transparent pixels
+    (RGBA, LA, PA, palette with transparency) composited on white instead of showing the colour stored beneath."""
+    if img.mode.startswith("I;16") or img.mode == "I":
+        values = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if img.mode.startswith("I;16") or values.max() <= 65535 else values.max()
+        return Image.fromarray(np.clip(values / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if img.mode == "F":
+        values = np.nan_to_num(np.asarray(img, dtype=np.float64))
+        low, high = (0.0, 1.0) if values.min() >= 0 and values.max() <= 1 else (values.min(), values.max())
+        values = (values - low) / max(high - low, 1e-12) * 255.0 + 0.5
+        return Image.fromarray(np.clip(values, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if img.mode == "P" and "transparency" in img.info or img.mode in ("PA", "LA", "La", "RGBa"):
+        img = img.convert("RGBA")
+    if img.mode == "RGBA":
+        white = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, img).convert("RGB")
+    return img.convert("RGB")
+
+
 def prepare_jpeg(data: bytes, max_side: int | None, quality: int) -> tuple[bytes, int, int]:
     """JPEG bytes to store: the original bytes when they are an RGB/L JPEG within max_side, else a re-encode.
 
@@ -116,7 +138,7 @@ def prepare_jpeg(data: bytes, max_side: int | None, quality: int) -> tuple[bytes
             img.load()
             return data, width, height
         img.load()
-        img = img.convert("RGB")
+        img = to_rgb(img)
         if too_big:
             scale = max_side / max(width, height)
             img = img.resize(
