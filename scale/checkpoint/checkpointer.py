@@ -14,8 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig
+from torch.distributed.checkpoint.api import CheckpointException
 
 from scale.checkpoint import rng
+from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
 from scale.checkpoint.store import CheckpointStore, step_name
 from scale.engine.dist import DistInfo
 from scale.errors import UserError
@@ -25,22 +27,16 @@ log = logging.getLogger(__name__)
 MONITORS_FILE = "monitors.pt"
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _broadcast(value):
-    if not dist.is_initialized():
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+# what a rank found when it read its share of a checkpoint's files; the ranks agree on the worst
+READABLE, DAMAGED, UNSAFE = 0, 1, 2
 
 
 class Checkpointer:
-    def __init__(self, root: Path, cfg: DictConfig, info: DistInfo, engine, method, loader, monitors):
+    """`group`: the ranks that save and load together (the data-parallel group; None: the world)."""
+
+    def __init__(self, root: Path, cfg: DictConfig, info: DistInfo, engine, method, loader, monitors, group=None):
         self.store = CheckpointStore(root)
+        self.group = group
         self.cfg, self.info, self.engine, self.method, self.loader = cfg, info, engine, method, loader
         self.monitors = monitors
         self._pending = None  # (step, future, meta) of an async save not yet sealed
@@ -64,7 +60,7 @@ class Checkpointer:
         staging = self.store.staging_dir(step)
         if self.info.is_main:
             self.store.prepare(step)
-        _barrier()
+        self._barrier()
         meta = {
             "epoch": step // max(self.loader.steps_per_epoch, 1),
             "engine": self.cfg.engine.kind,
@@ -91,7 +87,9 @@ class Checkpointer:
             self._pending = (step, future, meta, started)
         else:
             dcp.save(
-                {"engine": self.engine.state_dict(), "run": self._run_state(step)}, checkpoint_id=str(staging / "dcp")
+                {"engine": self.engine.state_dict(), "run": self._run_state(step)},
+                checkpoint_id=str(staging / "dcp"),
+                process_group=self.group,
             )
             self._seal(step, meta, started)
         self.last_save_stall_s = time.perf_counter() - started
@@ -106,14 +104,14 @@ class Checkpointer:
         self._seal(step, meta, started)
 
     def _seal(self, step: int, meta: dict, started: float) -> None:
-        _barrier()  # every rank's files are on disk
+        self._barrier()  # every rank's files are on disk
         maybe_inject("save", step)
         if self.info.is_main:
             final = self.store.commit(step, meta)
             self._record(step, final, time.perf_counter() - started)
             removed = self.store.retain(self.cfg.train.keep_last, self.cfg.train.keep_every)
             log.info("checkpoint %s%s", final, f" (removed {len(removed)} old)" if removed else "")
-        _barrier()
+        self._barrier()
 
     def _record(self, step: int, folder: Path, total_s: float) -> None:
         """One line per sealed checkpoint in checkpoints/saves.jsonl: size, time to disk, and how long training
@@ -131,24 +129,66 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
 
+    # --- collectives ---
+
+    def _barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier(group=self.group)
+
+    def _broadcast(self, value):
+        if not dist.is_initialized():
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def _worst(self, value: int) -> int:
+        """The largest of every rank's `value`."""
+        if not dist.is_initialized():
+            return value
+        flag = torch.tensor([value], dtype=torch.int32)
+        if dist.get_backend(self.group) == "nccl":
+            flag = flag.cuda()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return int(flag.item())
+
     # --- resuming ---
 
     def resume(self) -> int:
-        """Load the newest complete checkpoint (skipping damaged ones with a warning); the step to continue from."""
-        folders = _broadcast([str(p) for p in self.store.candidates()] if self.info.is_main else None)
+        """Load the newest checkpoint that every rank can load (skipping damaged ones with a warning naming the
+        file); the step to continue from. Every rank first reads its share of the files as data, then the ranks
+        agree, so that they all load the same checkpoint. A file that would run code ends the run (exit 2)."""
+        folders = self._broadcast([str(p) for p in self.store.candidates()] if self.info.is_main else None)
         for folder in map(Path, folders):
-            try:
-                step = self.load(folder)
-            except Exception as err:  # a damaged checkpoint must not end the run while an older one exists
-                if isinstance(err, UserError):
+            verdict, problem = self._check(folder)
+            worst = self._worst(verdict)
+            if worst == UNSAFE:
+                if isinstance(problem, UnsafeCheckpoint):
+                    raise problem
+                raise SystemExit(UnsafeCheckpoint.exit_code)  # the rank that found it says why, once
+            if worst == READABLE:
+                try:
+                    step = self.load(folder)
+                except UserError:
                     raise
-                log.warning(
-                    "could not load checkpoint %s (%s: %s); trying the previous one", folder, type(err).__name__, err
-                )
-                continue
-            log.info("resumed from %s at step %d", folder, step)
-            return step
+                except (Exception, CheckpointException) as err:  # CheckpointException is no Exception subclass
+                    verdict, problem = DAMAGED, f"{type(err).__name__}: {err}"
+                worst = self._worst(verdict)
+            if worst == READABLE:
+                log.info("resumed from %s at step %d", folder, step)
+                return step
+            if problem:
+                log.warning("skipping checkpoint %s: %s; trying the previous one", folder, problem)
+            else:
+                log.info("skipping checkpoint %s: another rank cannot load its part", folder)
         return 0
+
+    def _check(self, folder: Path) -> tuple[int, object]:
+        try:
+            problem = check_files(folder, self.info.rank, self.info.world_size)
+        except UnsafeCheckpoint as err:
+            return UNSAFE, err
+        return (DAMAGED, problem) if problem else (READABLE, None)
 
     def load(self, folder: Path) -> int:
         meta = self.store.read_meta(folder)
@@ -159,23 +199,24 @@ class Checkpointer:
             )
         if self.engine.native_checkpoint:
             self.engine.load_native(folder / "engine", meta["world_size"])
-            run_state = torch.load(folder / "run_state.pt", weights_only=True)
+            run_state = load_torch(folder / "run_state.pt")
         else:
             state = {"engine": self.engine.state_dict(), "run": self._run_state(0)}
-            dcp.load(state, checkpoint_id=str(folder / "dcp"))
+            reader = SafeReader(str(folder / "dcp"))
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self.group)
             self.engine.load_state_dict(state["engine"])
             run_state = state["run"]
         self.method.load_state_dict(run_state["method"])
         self.loader.load_state_dict(run_state["loader"])
         self._restore_rng(folder, meta)
         if (folder / MONITORS_FILE).exists():  # checkpoints written before the monitors were saved lack it
-            self.monitors.load_state_dict(torch.load(folder / MONITORS_FILE, map_location="cpu", weights_only=True))
+            self.monitors.load_state_dict(load_torch(folder / MONITORS_FILE))
         return int(run_state["step"])
 
     def _restore_rng(self, folder: Path, meta: dict) -> None:
         own = folder / "rng" / f"rank{self.info.rank}.pt"
         if meta["world_size"] == self.info.world_size and own.exists():
-            rng.restore(torch.load(own, weights_only=True))
+            rng.restore(load_torch(own))
         else:  # another world size: fresh, reproducible streams per rank, distinct from the first run's
             from scale.engine.dist import seed_everything
 

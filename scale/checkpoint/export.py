@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from scale.checkpoint.safe_load import DamagedFile, SafeLoadPlanner, SafeReader, check_files
 from scale.checkpoint.store import CheckpointStore, resolve
 from scale.errors import UserError
 
@@ -21,17 +22,20 @@ WHAT = {
 }
 
 
-def _reader(folder: Path) -> FileSystemReader:
+def _reader(folder: Path) -> SafeReader:
     if not (folder / "dcp").is_dir():
         raise UserError(
             f"{folder}: no DCP state (a DeepSpeed checkpoint? export it with engine.kind=deepspeed "
             f"tools: deepspeed.utils.zero_to_fp32)"
         )
-    return FileSystemReader(str(folder / "dcp"))
+    return SafeReader(str(folder / "dcp"))
 
 
 def tensor_keys(folder: Path) -> dict[str, TensorStorageMetadata]:
-    meta = _reader(folder).read_metadata()
+    try:
+        meta = _reader(folder).read_metadata()
+    except DamagedFile as err:
+        raise UserError(str(err)) from None
     return {k: v for k, v in meta.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
 
 
@@ -43,7 +47,10 @@ def read_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
     template = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in keys.items()}
     with warnings.catch_warnings():  # DCP warns that no process group exists: reading offline is the point
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(template, storage_reader=_reader(folder), no_dist=True)
+        try:
+            dcp.load(template, storage_reader=_reader(folder), planner=SafeLoadPlanner(), no_dist=True)
+        except CheckpointException as err:  # not an Exception subclass
+            raise UserError(f"{folder}: cannot read its tensors ({err})") from None
     return {k[len(prefix) :]: t for k, t in sorted(template.items())}
 
 
@@ -55,8 +62,17 @@ def checksum(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()[:16]
 
 
-def info(path: str | Path) -> dict:
+def checked(path: str | Path) -> Path:
+    """The step directory `path` resolves to, once every file in it has been read as data (exit 2 otherwise)."""
     folder = resolve(path)
+    problem = check_files(folder)
+    if problem:
+        raise UserError(f"{folder}: damaged checkpoint: {problem}")
+    return folder
+
+
+def info(path: str | Path) -> dict:
+    folder = checked(path)
     meta = CheckpointStore(folder.parent).read_meta(folder)
     sizes = meta.get("files", {})
     out = {
@@ -86,7 +102,7 @@ def info(path: str | Path) -> dict:
 def export(path: str | Path, what: str, fmt: str, out: str | Path) -> Path:
     if what not in WHAT:
         raise UserError(f"--what must be one of {', '.join(WHAT)}, got '{what}'")
-    tensors = read_tensors(resolve(path), WHAT[what])
+    tensors = read_tensors(checked(path), WHAT[what])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors":

@@ -100,7 +100,10 @@ class ShardReader:
 
     def members(self, shard: int):
         if shard not in self._index:
-            self._index[shard] = read_index(self.dir, self.manifest["shards"][shard])
+            try:
+                self._index[shard] = read_index(self.dir, self.manifest["shards"][shard])
+            except UserError as err:  # a corrupt .idx: its samples count as bad ones, the message names it
+                self._index[shard] = ([], str(err))
         return self._index[shard]
 
     def where(self, shard: int, key: str) -> str:
@@ -121,7 +124,10 @@ class ShardReader:
 
     def _bytes(self, shard: int, span, where: str) -> bytes:
         if shard not in self._files:
-            self._files[shard] = open(self.dir / self.manifest["shards"][shard]["name"], "rb")
+            try:
+                self._files[shard] = open(self.dir / self.manifest["shards"][shard]["name"], "rb")
+            except OSError as err:  # deleted or unreadable during the run: its samples count as bad ones
+                raise SampleError("missing", f"{where} (shard unreadable: {err.strerror})") from None
         f = self._files[shard]
         f.seek(span[0])
         data = f.read(span[1])

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
@@ -103,6 +104,27 @@ def read_item_bytes(item: Item) -> bytes:
     return Path(item.ref).read_bytes()
 
 
+def to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB, scaled rather than clipped: 16-bit and 32-bit integer images by their range (convert("RGB")
+    clips every value above 255 to white), float images from [0, 1] (else their own min..max); transparent pixels
+    (RGBA, LA, PA, palette with transparency) composited on white instead of showing the colour stored beneath."""
+    if img.mode.startswith("I;16") or img.mode == "I":
+        values = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if img.mode.startswith("I;16") or values.max() <= 65535 else values.max()
+        return Image.fromarray(np.clip(values / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if img.mode == "F":
+        values = np.nan_to_num(np.asarray(img, dtype=np.float64))
+        low, high = (0.0, 1.0) if values.min() >= 0 and values.max() <= 1 else (values.min(), values.max())
+        values = (values - low) / max(high - low, 1e-12) * 255.0 + 0.5
+        return Image.fromarray(np.clip(values, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if img.mode == "P" and "transparency" in img.info or img.mode in ("PA", "LA", "La", "RGBa"):
+        img = img.convert("RGBA")
+    if img.mode == "RGBA":
+        white = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, img).convert("RGB")
+    return img.convert("RGB")
+
+
 def prepare_jpeg(data: bytes, max_side: int | None, quality: int) -> tuple[bytes, int, int]:
     """JPEG bytes to store: the original bytes when they are an RGB/L JPEG within max_side, else a re-encode.
 
@@ -117,7 +139,7 @@ def prepare_jpeg(data: bytes, max_side: int | None, quality: int) -> tuple[bytes
             img.load()
             return data, width, height
         img.load()
-        img = img.convert("RGB")
+        img = to_rgb(img)
         if too_big:
             scale = max_side / max(width, height)
             img = img.resize(
@@ -313,7 +335,17 @@ def read_index(shard_dir, shard: dict) -> tuple[list, str | None]:
     """Member offsets of one shard: from its .idx file, else by scanning the tar (shards made by other tools)."""
     idx = Path(shard_dir) / shard.get("index", "")
     if shard.get("index") and idx.is_file():
-        return [tuple(m) for m in json.loads(idx.read_text())["members"]], None
+        try:
+            members = [(str(key), dict(exts)) for key, exts in json.loads(idx.read_text())["members"]]
+            for _key, exts in members:
+                if not all(isinstance(span, list) and len(span) == 2 for span in exts.values()):
+                    raise ValueError("a member's offsets are not [offset, size]")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            raise UserError(
+                f"{idx}: corrupt shard index ({type(err).__name__}: {err}); delete it and rebuild the shards "
+                f"with `scale shards build`"
+            ) from None
+        return members, None
     return scan_tar(Path(shard_dir) / shard["name"])
 
 
@@ -331,6 +363,7 @@ def verify(shard_dir, decode: bool = True, progress: bool = False) -> list[str]:
         members, error = scan_tar(path)
         if error:
             problems.append(f"{path}: {error}")
+        problems += _check_index(shard_dir, shard, members)
         if len(members) != shard["count"]:
             problems.append(f"{path}: {len(members)} samples, manifest says {shard['count']}")
         total += len(members)
@@ -340,6 +373,19 @@ def verify(shard_dir, decode: bool = True, progress: bool = False) -> list[str]:
     if manifest.get("num_samples") is not None and total != manifest["num_samples"]:
         problems.append(f"{shard_dir / MANIFEST}: num_samples {manifest['num_samples']}, shards hold {total}")
     return problems
+
+
+def _check_index(shard_dir: Path, shard: dict, members: list) -> list[str]:
+    """The shard's .idx (what the loader reads) must list the members the tar holds, at their offsets."""
+    if not shard.get("index") or not (shard_dir / shard["index"]).is_file():
+        return []
+    try:
+        indexed, _ = read_index(shard_dir, shard)
+    except UserError as err:
+        return [str(err)]
+    if indexed != [(key, {ext: list(span) for ext, span in exts.items()}) for key, exts in members]:
+        return [f"{shard_dir / shard['index']}: does not match the members of {shard['name']}"]
+    return []
 
 
 def _check_sample(f, path, key, exts, needs_label, decode) -> list[str]:

@@ -29,47 +29,128 @@ def already_launched() -> bool:
 
 
 def spawn(nproc: int, argv: list[str]) -> int:
-    """Run `python -m scale.cli *argv` in nproc processes; stop all when one fails; forward SIGTERM/SIGUSR1/SIGINT
-    to every process (so preemption reaches each rank). Returns the first non-zero exit status, else 0."""
+    """Run `python -m scale.cli *argv` in nproc processes (see `run_ranks`)."""
+    return run_ranks(nproc, [sys.executable, "-m", "scale.cli", *argv])
+
+
+def run_ranks(nproc: int, command: list[str], grace_s: float = 5.0, stop_grace_s: float | None = None) -> int:
+    """Run `command` in nproc processes with torchrun's variables and wait for them (see `Ranks`). SIGTERM, SIGUSR1
+    and SIGINT are forwarded to every rank (so preemption reaches each one). Returns the first failure's status,
+    else PREEMPTED_EXIT_CODE or 0."""
     port = str(free_port())
-    procs = []
-    for rank in range(nproc):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE=str(nproc),
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-            OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-            **{LAUNCH_MARK: "1"},
-        )
-        procs.append(subprocess.Popen([sys.executable, "-m", "scale.cli", *argv], env=env))
-
-    def forward(signum, _frame):
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    ranks = Ranks(grace_s, STOP_GRACE_S if stop_grace_s is None else stop_grace_s)
+    # installed before the first rank starts: a signal during start-up is forwarded, never the launcher's death
+    previous = {s: signal.signal(s, ranks.forward) for s in FORWARDED}
     try:
-        return _wait(procs)
+        for rank in range(nproc):
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                WORLD_SIZE=str(nproc),
+                LOCAL_RANK=str(rank),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                **{LAUNCH_MARK: "1"},
+            )
+            ranks.procs.append(subprocess.Popen(command, env=env))
+        ranks.forward_pending()
+        return ranks.wait()
     finally:
+        ranks.kill_all()  # only the launcher's own crash leaves ranks behind here
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _wait(procs: list[subprocess.Popen], grace_s: float = 5.0) -> int:
-    """Wait for every process. A failure stops the others after `grace_s`; a preempted rank (its checkpoint is
-    written, all ranks agreed to stop) does not, as the others may still be finishing theirs."""
-    status = 0
-    while any(p.poll() is None for p in procs):
-        failed = [p.returncode for p in procs if p.returncode not in (None, 0, PREEMPTED_EXIT_CODE)]
-        if failed and not status:
-            status = failed[0]
-            time.sleep(grace_s)  # let the other ranks report the failure themselves before they are stopped
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.terminate()
-        time.sleep(0.1)
-    return status or next((p.returncode for p in procs if p.returncode), 0)
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# how long ranks may take to checkpoint and exit after a forwarded signal before they are killed (a rank stuck in a
+# collective, e.g. beside a dead peer, takes the signal as a preemption request and would never reach the next step)
+STOP_GRACE_S = float(os.environ.get("SCALE_STOP_GRACE_S", "120"))
+# a signal within this time of the first is the same notice delivered twice, not a second request
+DUPLICATE_WINDOW_S = 2.0
+
+
+class Ranks:
+    """The launched ranks and the rules that end them:
+    - a rank that fails (non-zero status other than PREEMPTED_EXIT_CODE, or killed) stops the others after
+      `grace_s` (SIGTERM), and kills them `grace_s` later if they are stuck;
+    - a preempted rank does not stop the others (they may still be writing their share of the checkpoint);
+    - a forwarded signal gives the ranks `stop_grace_s` to checkpoint and exit, then they are killed; a second
+      signal (more than DUPLICATE_WINDOW_S after the first) kills them at once;
+    - a rank that dies of the signal that was forwarded to it (it came before the rank installed its handler, in
+      the first seconds of start-up) counts as preempted: nothing was lost, the last sealed checkpoint stands."""
+
+    def __init__(self, grace_s: float, stop_grace_s: float):
+        self.procs: list[subprocess.Popen] = []
+        self.grace_s, self.stop_grace_s = grace_s, stop_grace_s
+        self.signalled: list[int] = []  # signals forwarded, in order
+        self.first_signal_at = self.kill_at = None
+
+    def forward(self, signum, _frame) -> None:
+        now = time.monotonic()
+        if self.signalled and now - self.first_signal_at > DUPLICATE_WINDOW_S:
+            print("scale: second signal: killing every rank", file=sys.stderr, flush=True)
+            self.signalled.append(signum)
+            self.kill_all()
+            return
+        if self.signalled:  # the same notice twice (`timeout` signals its child, then the child's group)
+            return
+        self.signalled.append(signum)
+        self.first_signal_at, self.kill_at = now, now + self.stop_grace_s
+        self.forward_pending()
+
+    def forward_pending(self) -> None:
+        """Send the forwarded signal to every running rank (also to those started after it came)."""
+        for proc in self.procs:
+            if self.signalled and proc.poll() is None:
+                proc.send_signal(self.signalled[0])
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+
+    def wait(self) -> int:
+        first_failure, forced = None, False
+        while True:
+            running = [p for p in self.procs if p.poll() is None]  # polls every rank, not only up to a live one
+            failed = [p.returncode for p in self.procs if p.returncode not in (None, 0, PREEMPTED_EXIT_CODE)]
+            if not running:
+                break
+            if failed and first_failure is None:
+                first_failure = failed[0]
+                self._stop(running)
+            elif self.kill_at is not None and time.monotonic() > self.kill_at and not forced:
+                print(
+                    f"scale: ranks still running {self.stop_grace_s:.0f} s after the signal: killing them",
+                    file=sys.stderr,
+                )
+                self.kill_all()
+                forced = True
+            time.sleep(0.1)
+        if first_failure is not None:
+            return self.status_of(first_failure)
+        if forced or len(self.signalled) > 1:
+            return 1
+        return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in [p.returncode for p in self.procs] else 0
+
+    def status_of(self, code: int) -> int:
+        """A rank's status as the launcher reports it: a death by the forwarded signal is a preemption, another
+        signal death is 128 + the signal (as a shell reports it)."""
+        if code < 0:
+            return PREEMPTED_EXIT_CODE if -code in self.signalled else 128 - code
+        return code
+
+    def _stop(self, running: list[subprocess.Popen]) -> None:
+        """The others may report the failure themselves within grace_s; then SIGTERM, then SIGKILL for ranks stuck
+        in a collective with the dead one (they take SIGTERM as a preemption request and never see the next step)."""
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in running):
+            time.sleep(0.1)
+        for proc in running:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in running):
+            time.sleep(0.1)
+        self.kill_all()

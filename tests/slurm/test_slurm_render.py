@@ -3,6 +3,7 @@ get, requeue on the preemption exit status, signal relay, sweeps; and validation
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -409,3 +410,13 @@ def test_custom_template_errors_name_the_template(recipe, tmp_path):
     custom = tmp_path / "custom.j2"
     custom.write_text("#!/bin/bash\n#SBATCH --nodes={{ opts.nodes }}\nmodule load cuda\n")
     assert slurm.render(job, custom) == "#!/bin/bash\n#SBATCH --nodes=1\nmodule load cuda\n"
+
+
+def test_continue_hint_is_a_shell_command_for_any_path(recipe, tmp_path, fake_slurm):
+    """The hint after a failed requeue quotes the script's path (a run directory with a space and a quote)."""
+    run = tmp_path / "my run's dir"
+    script = slurm.write(slurm.plan(str(recipe), [], run, slurm.SlurmOptions()))
+    out = run_script(script, fake_slurm, cwd=tmp_path, FAKE_SRUN_MODE="preempted", FAKE_SCONTROL_STATUS="1")
+    assert out.returncode == PREEMPTED_EXIT_CODE
+    hint = out.stderr.split("Continue it with: ", 1)[1].splitlines()[0]
+    assert shlex.split(hint) == ["sbatch", str(script)]

@@ -1,0 +1,184 @@
+"""A checkpoint is data, never code: every file a checkpoint holds is read without running what it names.
+
+- torch files (our RNG, monitors and run state; DeepSpeed's model, optimizer and teacher states) load with
+  `torch.load(weights_only=True)`, DeepSpeed's few own types allow-listed;
+- DCP's `.metadata` (a plain pickle that torch unpickles unrestricted) goes through an unpickler that knows only
+  DCP's metadata classes, and DCP's non-tensor items (pickled by torch.save) load with weights_only.
+
+`check_files` reads a checkpoint's files this way before anything else does (DeepSpeed loads its files with
+weights_only=False): a file that would run code raises UnsafeCheckpoint (exit 2); a damaged one is reported.
+"""
+
+import io
+import json
+import pickle
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
+
+from scale.errors import UserError
+
+
+class UnsafeCheckpoint(UserError):
+    """A checkpoint file names code to run (a crafted pickle): refused, never skipped."""
+
+
+class DamagedFile(Exception):
+    """A checkpoint file that cannot be read (truncated, overwritten): the checkpoint is skipped."""
+
+
+_DCP = "torch.distributed.checkpoint.metadata"
+METADATA_GLOBALS = {
+    *(
+        (_DCP, name)
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "TensorProperties",
+            "ChunkStorageMetadata",
+            "BytesStorageMetadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+def _deepspeed_globals() -> list:
+    """The types DeepSpeed pickles into its checkpoint files besides tensors and containers."""
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+    except ImportError:
+        return []
+    return [ZeroStageEnum, LossScaler, fragment_address]
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, file, path: Path):
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise UnsafeCheckpoint(f"{self.path}: refused to load: it names {module}.{name}, which is not checkpoint data")
+
+
+def read_dcp_metadata(path: Path) -> Metadata:
+    """DCP's `.metadata` through the restricted unpickler; DamagedFile when it is not a metadata pickle."""
+    try:
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(f, path).load()
+    except UnsafeCheckpoint:
+        raise
+    except Exception as err:  # garbage gives any of pickle's, EOF's, attribute or type errors
+        raise DamagedFile(f"{path}: unreadable DCP metadata ({type(err).__name__}: {err})") from None
+    if not isinstance(metadata, Metadata):
+        raise DamagedFile(f"{path}: not DCP metadata (a {type(metadata).__name__})")
+    return metadata
+
+
+def load_torch(path: Path | io.BytesIO, name: str | Path | None = None, map_location="cpu"):
+    """torch.load with weights_only (DeepSpeed's types allowed where a file names them): UnsafeCheckpoint when
+    the file names other code, DamagedFile when it is not a torch file."""
+    name = name or path
+    try:
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as err:
+            if "deepspeed." not in str(err):
+                raise
+            if isinstance(path, io.BytesIO):
+                path.seek(0)
+            with torch.serialization.safe_globals(_deepspeed_globals()):  # imports DeepSpeed only when named
+                return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "GLOBAL" in str(err):  # a named function or class that is not allowed, e.g. os.system
+            raise UnsafeCheckpoint(f"{name}: refused to load: it holds objects that are not checkpoint data") from None
+        raise DamagedFile(f"{name}: unreadable ({_first_line(err)})") from None
+    except Exception as err:
+        raise DamagedFile(f"{name}: unreadable ({type(err).__name__}: {_first_line(err)})") from None
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:200]
+
+
+class SafeReader(FileSystemReader):
+    """FileSystemReader whose metadata goes through the restricted unpickler."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        metadata = read_dcp_metadata(Path(self._get_metadata_path(kwargs.get("rank"))))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner whose non-tensor items load with weights_only (torch's own uses weights_only=False)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        item = load_torch(value, read_item.dest_index.fqn)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], item)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = item
+
+
+def _check_dcp_bytes(folder: Path, data_file: str) -> None:
+    """The non-tensor items stored in one `.distcp` file, loaded as data."""
+    try:
+        metadata = read_dcp_metadata(folder / ".metadata")
+    except (UnsafeCheckpoint, DamagedFile):
+        return  # the rank that checks `.metadata` reports it, once
+    for index, info in (metadata.storage_data or {}).items():
+        if info.relative_path != data_file:
+            continue
+        if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
+            continue
+        with open(folder / data_file, "rb") as f:
+            f.seek(info.offset)
+            raw = f.read(info.length)
+        load_torch(io.BytesIO(raw), f"{folder / data_file} (item '{index.fqn}')")
+
+
+def check_file(folder: Path, name: str) -> None:
+    """Read one file of a step directory as data; raises UnsafeCheckpoint or DamagedFile."""
+    path = folder / name
+    if path.suffix == ".pt":
+        load_torch(path)
+    elif path.name == ".metadata":
+        read_dcp_metadata(path)
+    elif path.suffix == ".distcp":
+        _check_dcp_bytes(path.parent, path.name)
+
+
+def check_files(folder: Path, rank: int = 0, world_size: int = 1) -> str | None:
+    """This rank's share of a step directory's files (every world_size-th, so each file is read by one rank), read
+    as data. Returns why the checkpoint cannot be loaded, or None; raises UnsafeCheckpoint."""
+    try:
+        names = sorted(json.loads((folder / "meta.json").read_text())["files"])
+    except (OSError, ValueError, KeyError) as err:
+        return f"meta.json unreadable ({err})"
+    for name in names[rank::world_size]:
+        try:
+            check_file(folder, name)
+        except DamagedFile as err:
+            return str(err)
+    return None
