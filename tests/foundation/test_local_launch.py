@@ -9,8 +9,6 @@ import time
 
 import pytest
 
-import pytest
-
 from scale.errors import PREEMPTED_EXIT_CODE
 from scale.launch.local import Ranks
 
