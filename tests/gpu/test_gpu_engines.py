@@ -3,8 +3,11 @@ against the same run on the CPU (one process, DDP, fp32):
 
 - fp32 on 1 GPU, and on 2 GPUs over NCCL (each rank half of every global batch): losses and weights equal the
   CPU's within 1e-4 (float summation order; one step moves the weights by about the learning rate, 1e-3);
-- bf16 and fp16 (with the loss scaler) on 1 GPU: finite, losses within 2% of the fp32 CPU losses and weights
-  within the CPU tests' bf16 bounds (mean difference < 2e-3, max < 5 learning rates)."""
+- bf16 and fp16 (with the loss scaler) on 1 GPU: finite; the first loss (a forward only) within 2% of the fp32
+  CPU loss, the later ones within 20% (DINO's loss swings from 1.7 to 6.5 in one step here, which amplifies rounding:
+  bf16 on the CPU measured up to 1.1% and 10%), weights within 1.5e-3 on average per tensor (CPU bf16: up to 1e-3;
+  a run whose updates are lost is 2.5e-3 to 4e-3 away). No bound on single weights: Adam moves each by about the
+  learning rate."""
 
 import pytest
 import torch
@@ -81,12 +84,12 @@ def test_fp32_on_two_gpus_equals_the_cpu(two_gpus, cpu, method, engine):
 @pytest.mark.parametrize("precision", MIXED)
 def test_mixed_precision_is_finite_and_close_to_fp32(one_gpu, cpu, precision, method, engine):
     run, ref = one_gpu[f"{precision}_{method}_{engine}"], cpu[method]
-    assert all(torch.isfinite(torch.tensor(run["losses"])))
-    assert run["losses"] == pytest.approx(ref["losses"], rel=2e-2)
+    assert torch.isfinite(torch.tensor(run["losses"])).all()
+    assert run["losses"][0] == pytest.approx(ref["losses"][0], rel=2e-2)
+    assert run["losses"] == pytest.approx(ref["losses"], rel=0.2)
     for part in ("student", "teacher"):
         for name, value in ref[part].items():
             got = run[part][name]  # DeepSpeed's fp16 mode keeps fp16 weights (fp32 master copies)
             if value.is_floating_point():
                 assert torch.isfinite(got).all(), f"{part} {name}"
-                diff = (got.float() - value).abs()
-                assert diff.mean() < 2e-3 and diff.max() < 5 * LR, f"{part} {name}"
+                assert (got.float() - value).abs().mean() < 1.5 * LR, f"{part} {name}"
