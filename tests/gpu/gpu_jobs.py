@@ -29,9 +29,10 @@ def bn_inputs() -> tuple[torch.Tensor, torch.Tensor, dict]:
 
 def bn_step(bn: nn.Module, x: torch.Tensor, w: torch.Tensor) -> dict:
     """Forward in training mode, backward of sum(w * out): outputs, input and parameter gradients, statistics."""
+    affine = bn_inputs()[2]
     with torch.no_grad():
-        bn.weight.copy_(bn_inputs()[2]["weight"])
-        bn.bias.copy_(bn_inputs()[2]["bias"])
+        bn.weight.copy_(affine["weight"])
+        bn.bias.copy_(affine["bias"])
     x = x.clone().requires_grad_()
     out = bn(x)
     (w * out).sum().backward()
