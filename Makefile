@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint venv clean
+.PHONY: demo test test-fast test-gpu bench-gpu lint venv clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,22 @@ test: $(STAMP)
 # the unit tier for inner loops: everything but the tests marked slow (multi-process, end-to-end, Slurm, demo)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The GPU targets stop at once, in one line, where torch sees no GPU.
+CUDA_CHECK = $(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: make $@ needs a GPU that torch can use')"
+
+# tests/gpu only (marked gpu; those marked multigpu too need 2 GPUs: srun --gpus 2 make test-gpu)
+test-gpu: $(STAMP)
+	@$(CUDA_CHECK)
+	$(BIN)/python -m pytest tests/gpu -m gpu $(PYTEST_ARGS)
+
+# DINO Table 8, EsViT Table 9 and MoCo v3 Table 3 rows measured on this machine's first GPU (scale/bench/tables.py);
+# DINO and MoCo v3 at a per-GPU share of the papers' batches
+bench-gpu: $(STAMP)
+	@$(CUDA_CHECK)
+	$(BIN)/scale bench table dino8 --scale full --batch 64 --steps 5
+	$(BIN)/scale bench table esvit9 --scale full --steps 5
+	$(BIN)/scale bench table mocov3-3 --scale full --batch 32 --steps 5
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,5 +1,6 @@
 """The real methods (scale.methods) with a tiny ViT under each engine, for the parity tests: DINO (multi-crop,
-center all-reduced across ranks, frozen last layer) and MoCo v3 (keys gathered across ranks)."""
+center all-reduced across ranks, frozen last layer), MoCo v3 (keys gathered across ranks), and for the GPU tests
+EsViT (region loss) and DRLoc (no teacher; fixed pairs). The ranks train on the device init_distributed picks."""
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,9 @@ def recipe(kind: str, engine_kw: dict, freeze_epochs: int):
     cfg.model.name, cfg.model.img_size, cfg.model.drop_path = "vit_nano", 32, 0.0
     cfg.method.dino.update(out_dim=64, hidden_dim=32, bottleneck_dim=16, freeze_last_layer=freeze_epochs)
     cfg.method.moco.update(dim=16, mlp_dim=32, bn_in_heads=False)  # no SyncBN on CPU: no BatchNorm in the heads
+    cfg.method.drloc.update(pairs=8, grid=2, hidden_dim=32)
+    cfg.method.supervised.update(mixup=0.0, cutmix=0.0)  # no random mixing: every device draws differently
+    cfg.data.num_classes = 4
     cfg.optim.update(lr=LR, weight_decay=WD, clip_grad=0.3, clip_mode="per_param")
     cfg.engine.update(engine_kw)
     return cfg
@@ -38,45 +42,58 @@ def make_batch(step: int, kind: str) -> Batch:
             ]
         )
 
-    crops, counts = [views(2, 32)], [2]
-    if kind == "dino":
+    crops, counts = ([views(1, 32)], [1]) if kind == "drloc" else ([views(2, 32)], [2])  # DRLoc: one view
+    if kind in ("dino", "esvit"):
         crops.append(views(2, 16))
         counts.append(2)
     return Batch(crops, counts, torch.zeros(GLOBAL_BATCH, dtype=torch.long))
 
 
+def fixed_positions(batch: int, k: int, m: int, exhaustive: bool, device=None) -> tuple:
+    """DRLoc's pairs without randomness (CPU and CUDA generators draw differently, and each rank draws for its own
+    images): the same m pairs of cells for every image."""
+    cell = torch.arange(m, device=device)
+    pos1 = torch.stack([cell % k, (cell // k) % k], dim=-1)
+    pos2 = torch.stack([(cell + 1) % k, (cell // k + 1) % k], dim=-1)
+    return pos1.expand(batch, m, 2), pos2.expand(batch, m, 2)
+
+
 def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1, steps: int = STEPS) -> dict:
     """Each rank trains on its share of the same global batches; losses are averaged over ranks."""
     from scale.engine import build_engine
-    from scale.engine.dist import detect
+    from scale.engine.dist import detect, device_for
     from scale.engine.parallel import parallel_context
-    from scale.methods import build_method
+    from scale.methods import build_method, drloc
     from scale.optim import apply_schedule
 
+    drloc.sample_positions = fixed_positions  # in the spawned rank only
     cfg = recipe(kind, engine_kw, freeze_epochs)
-    info = parallel_context(detect(), torch.device("cpu"), cfg.engine.shard_size)
+    device = device_for(detect())
+    info = parallel_context(detect(), device, cfg.engine.shard_size)
     torch.manual_seed(0)
     method = build_method(cfg, STEPS_PER_EPOCH, steps, dp_group=info.dp_group)
-    engine = build_engine(cfg.engine, cfg.optim, info, torch.device("cpu"))
+    engine = build_engine(cfg.engine, cfg.optim, info, device)
     engine.setup(method)
     losses, grad_norms = [], []
     for step in range(steps):
         ctx = StepContext(step=step, epoch=step // STEPS_PER_EPOCH, steps_per_epoch=STEPS_PER_EPOCH, total_steps=steps)
         with engine.autocast():
-            loss, _ = method.loss(shard_batch(make_batch(step, kind), info.dp_rank, info.dp_size), ctx)
+            batch = shard_batch(make_batch(step, kind), info.dp_rank, info.dp_size).to(engine.device)
+            loss, _ = method.loss(batch, ctx)
         engine.backward(loss)
-        mean = loss.detach().clone()
+        mean = loss.detach().float().clone()
         dist.all_reduce(mean, group=info.dp_group)
         losses.append(float(mean) / info.dp_size)
         apply_schedule(engine.optimizer.param_groups, LR, WD)
         grad_norms.append(float(engine.step(method.frozen_params(ctx))["grad_norm"]))
-        engine.ema(method.ema_momentum(ctx))
+        if method.teacher is not None:
+            engine.ema(method.ema_momentum(ctx))
     return {
         "losses": losses,
         "grad_norms": grad_norms,
         "memory": all_ranks(engine.memory()),  # every rank's bytes, in rank order
         "student": engine.export_state_dict("student"),
-        "teacher": engine.export_state_dict("teacher"),
+        "teacher": engine.export_state_dict("teacher") if method.teacher is not None else {},
     }
 
 

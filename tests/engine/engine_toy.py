@@ -5,6 +5,7 @@ predictor the teacher lacks, as in MoCo), an EMA teacher, several student forwar
 crops) and a frozen last layer in the first steps.
 """
 
+import contextlib
 import dataclasses
 import faulthandler
 import os
@@ -18,7 +19,7 @@ from torch import nn
 
 from scale.data.batch import Batch
 from scale.engine.config import EngineConfig, OptimConfig
-from scale.engine.dist import free_port
+from scale.engine.dist import device_for, free_port
 from scale.methods.base import Method, StepContext
 
 IN_DIM, DIM, OUT_DIM = 8, 16, 12
@@ -199,7 +200,7 @@ def build(engine_kw: dict, optim_kw: dict, method_kw: dict | None = None):
     info = detect()
     torch.manual_seed(info.rank)  # rank 0 builds what reference_run builds; other ranks differ
     method = ToyMethod(**(method_kw or {}))
-    engine = build_engine(EngineConfig(**engine_kw), optim_config(**optim_kw), info, torch.device("cpu"))
+    engine = build_engine(EngineConfig(**engine_kw), optim_config(**optim_kw), info, device_for(info))
     engine.setup(method)
     return method, engine
 
@@ -234,8 +235,8 @@ def engine_run(
     losses = []
     for step in range(start, steps):
         ctx = context(step)
-        local = shard_batch(make_batch(step), info.rank, info.world_size)
-        step_loss = torch.zeros(())
+        local = shard_batch(make_batch(step), info.rank, info.world_size).to(engine.device)
+        step_loss = torch.zeros((), device=engine.device)
         for micro in range(accum):
             with engine.autocast():
                 loss, _ = method.loss(shard_batch(local, micro, accum), ctx)
@@ -293,12 +294,33 @@ def rank_log(out: str, rank: int) -> str:
     return f"{out}.rank{rank}.log"
 
 
-def spawn(fn, *args, world: int = 2, tmp_path) -> object:
-    """Run fn(*args) on `world` gloo processes; returns rank 0's result. When a rank fails, the error quotes the
-    end of every rank's stderr."""
+@contextlib.contextmanager
+def rank_environment(device: str):
+    """What the spawned ranks inherit: on "cpu" no visible GPU (on a GPU machine init_distributed would otherwise
+    pick NCCL and CUDA, so the CPU tests stay CPU tests there); on "cuda" every GPU, and no DS_ACCELERATOR=cpu
+    that a CPU DeepSpeed engine built in this process may have exported."""
+    saved = {key: os.environ.get(key) for key in ("CUDA_VISIBLE_DEVICES", "DS_ACCELERATOR")}
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        os.environ.pop("DS_ACCELERATOR", None)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def spawn(fn, *args, world: int = 2, tmp_path, device: str = "cpu") -> object:
+    """Run fn(*args) on `world` processes (gloo on "cpu"; NCCL with one GPU per rank on "cuda"); returns rank 0's
+    result. When a rank fails, the error quotes the end of every rank's stderr."""
     out = os.path.join(str(tmp_path), f"result_{fn.__name__}_{free_port()}.pt")
     try:
-        mp.spawn(_worker, args=(world, free_port(), fn, args, out), nprocs=world, join=True)
+        with rank_environment(device):
+            mp.spawn(_worker, args=(world, free_port(), fn, args, out), nprocs=world, join=True)
     except mp.ProcessExitedException as err:  # killed by a signal: no Python traceback came back
         tails = [f"--- rank {rank} stderr (end) ---\n{tail(rank_log(out, rank))}" for rank in range(world)]
         raise RuntimeError("\n".join([str(err), *tails])) from err
