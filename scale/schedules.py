@@ -23,11 +23,20 @@ class Schedule:
         return len(self.values)
 
 
-def cosine(base: float, final: float, total_steps: int, warmup_steps: int = 0, warmup_start: float = 0.0) -> Schedule:
+def cosine(
+    base: float,
+    final: float,
+    total_steps: int,
+    warmup_steps: int = 0,
+    warmup_start: float = 0.0,
+    warmup_endpoint: bool = True,
+) -> Schedule:
     """Linear warmup from `warmup_start` to `base` over `warmup_steps`, then a half cosine from `base` to `final`
-    (DINO's `cosine_scheduler`: value at step t after warmup = final + (base-final)/2 * (1 + cos(pi t / T)))."""
+    (DINO's `cosine_scheduler`: value at step t after warmup = final + (base-final)/2 * (1 + cos(pi t / T))).
+    `warmup_endpoint`: DINO's `np.linspace(start, base, warmup_iters)` reaches `base` at the last warmup step; False
+    gives start + (base - start) * t / warmup_steps, MoCo v3's `adjust_learning_rate` and timm's warmup (DRLoc)."""
     warmup_steps = min(warmup_steps, total_steps)
-    warmup = np.linspace(warmup_start, base, warmup_steps, endpoint=False) if warmup_steps else np.zeros(0)
+    warmup = np.linspace(warmup_start, base, warmup_steps, endpoint=warmup_endpoint) if warmup_steps else np.zeros(0)
     steps = np.arange(total_steps - warmup_steps)
     decay = final + 0.5 * (base - final) * (1 + np.cos(np.pi * steps / max(len(steps), 1)))
     return Schedule(np.concatenate([warmup, decay]))
@@ -77,7 +86,7 @@ def lr_schedule(optim, global_batch: int, steps_per_epoch: int, total_steps: int
     `warmup_epochs`, half cosine to `min_lr`."""
     peak = scaled_lr(optim.lr, global_batch, optim.ref_batch, optim.lr_scaling)
     warmup_steps = int(round(optim.warmup_epochs * steps_per_epoch))
-    return cosine(peak, optim.min_lr, total_steps, warmup_steps, optim.warmup_start_lr)
+    return cosine(peak, optim.min_lr, total_steps, warmup_steps, optim.warmup_start_lr, optim.warmup_endpoint)
 
 
 def wd_schedule(optim, total_steps: int) -> Schedule:

@@ -9,16 +9,24 @@ from scale.engine.config import OptimConfig
 
 
 def test_cosine_warmup_then_half_cosine_like_dino():
+    """DINO's utils.cosine_scheduler: np.linspace(start, base, warmup_iters) reaches base at the last warmup step."""
     base, final, total, warmup = 1.0, 0.1, 20, 5
     s = schedules.cosine(base, final, total, warmup, warmup_start=0.0)
     assert len(s) == total
-    np.testing.assert_allclose([s(t) for t in range(warmup)], np.linspace(0, base, warmup, endpoint=False))
+    np.testing.assert_allclose([s(t) for t in range(warmup)], [0.0, 0.25, 0.5, 0.75, 1.0])
     decay = total - warmup
     for t in range(decay):
         expected = final + 0.5 * (base - final) * (1 + math.cos(math.pi * t / decay))
         assert s(warmup + t) == pytest.approx(expected)
     assert s(warmup) == pytest.approx(base)
     assert s(10**6) == s(total - 1)  # clamped past the end
+
+
+def test_cosine_warmup_without_endpoint_like_moco_v3():
+    """MoCo v3's adjust_learning_rate (lr * epoch / warmup_epochs, fractional epoch) and timm's warmup: base is first
+    reached at the step after the warmup."""
+    s = schedules.cosine(1.0, 0.0, 20, 5, warmup_start=0.0, warmup_endpoint=False)
+    np.testing.assert_allclose([s(t) for t in range(6)], [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
 
 
 def test_weight_decay_and_teacher_momentum_ends():
@@ -60,7 +68,7 @@ def test_encoder_momentum_after_step_t_is_moco_v3s_at_iteration_t_plus_1():
 def test_lr_schedule_scales_with_batch():
     optim = OmegaConf.structured(OptimConfig(lr=5e-4, warmup_epochs=2, min_lr=1e-6))
     lr = schedules.lr_schedule(optim, global_batch=1024, steps_per_epoch=10, total_steps=100)
-    assert lr(0) == 0.0 and lr(20) == pytest.approx(5e-4 * 4)
+    assert lr(0) == 0.0 and lr(19) == lr(20) == pytest.approx(5e-4 * 4)  # DINO: the peak at the last warmup step
     assert 1e-6 < lr(99) < 1e-5  # one step short of the end, as in DINO
     with pytest.raises(ValueError, match="lr_scaling"):
         schedules.scaled_lr(1.0, 1, 1, "cubic")

@@ -9,8 +9,9 @@ from rich.table import Table
 COLUMNS = [
     ("model", "model", "{}"),
     ("params_M", "params (M)", "{:.2f}"),
-    ("global_GMACs", "GMACs 224", "{:.2f}"),
-    ("global_tokens", "tokens 224", "{}"),
+    ("global_px", "global px", "{}"),
+    ("global_GMACs", "GMACs global", "{:.2f}"),
+    ("global_tokens", "tokens global", "{}"),
     ("local_px", "local px", "{}"),
     ("local_GMACs", "GMACs local", "{:.3f}"),
     ("local_tokens", "tokens local", "{}"),
@@ -21,7 +22,10 @@ COLUMNS = [
 def register(sub) -> None:
     parser = sub.add_parser("models", help="backbone sizes and compute")
     msub = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    tab = msub.add_parser("table", help="parameters, multiply-adds and tokens per 224 px and local crop")
+    tab = msub.add_parser(
+        "table",
+        help="parameters, multiply-adds and tokens at the global (224 px) and local (96 px) crop, each rounded to a multiple of the patch",
+    )
     tab.add_argument("--json", action="store_true", help="print JSON for machines")
     tab.add_argument(
         "--models",

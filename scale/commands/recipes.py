@@ -22,11 +22,18 @@ def register(sub) -> None:
     show = rsub.add_parser("show", help="print the resolved YAML of a recipe")
     show.add_argument("recipe")
     show.add_argument("overrides", nargs="*", help="section.key=value")
+    show.add_argument(
+        "--sources",
+        action="store_true",
+        help="instead: each stated value with its source (paper section/table or official file and command), "
+        "the assumptions, and the values with no source",
+    )
+    show.add_argument("--json", action="store_true", help="with --sources: print JSON for machines")
     show.set_defaults(func=cmd_show)
     check = rsub.add_parser(
         "check",
-        help="load every recipe, build its model on the meta device, check its "
-        "parameter count against the paper; exit 1 listing failures",
+        help="load every recipe, build its model on the meta device, check its parameter count against the "
+        "paper and every stated value against its recorded source; exit 1 listing failures",
     )
     check.add_argument("--paper", help="only this paper")
     check.add_argument("--table", help="only this table")
@@ -84,8 +91,36 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    print(to_yaml(load_recipe(args.recipe, args.overrides)), end="")
+    cfg = load_recipe(args.recipe, args.overrides)
+    if not args.sources:
+        print(to_yaml(cfg), end="")
+        return 0
+    from scale.recipes.provenance import source_table, written_keys
+
+    rows = source_table(cfg, written_keys(args.recipe))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table("key", "value", "kind", "source")
+    for row in rows:
+        table.add_row(row["key"], json.dumps(row["value"]), row["kind"], row["source"])
+    Console(width=max(Console().width, 160)).print(table)
+    assumptions = [r["key"] for r in rows if r["kind"] == "assumption"]
+    unsourced = [r["key"] for r in rows if r["kind"] == "none"]
+    print(f"{len(rows)} stated values: {len(assumptions)} assumptions, {len(unsourced)} without a source")
+    for key in assumptions:
+        print(f"ASSUMPTION {key}")
+    for key in unsourced:
+        print(f"NO SOURCE {key}")
     return 0
+
+
+def _short(message: str, width: int = 100) -> str:
+    """The table's cell: the first problem (the FAIL lines below list them all)."""
+    problems = message.split("; ")
+    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+    first = problems[0] if len(problems[0]) <= width else problems[0][: width - 3] + "..."
+    return first + more
 
 
 def cmd_check(args) -> int:
@@ -113,7 +148,7 @@ def cmd_check(args) -> int:
             table.add_row(
                 r["name"],
                 params,
-                "ok" if r["ok"] else r["message"] or "failed",
+                "ok" if r["ok"] else _short(r["message"] or "failed"),
                 *([r.get("smoke", "-")] if args.smoke else []),
             )
         Console().print(table)

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Any
 
-from scale.config.fields import at_least, within
+from scale.config.fields import at_least, choice, within
 from scale.data.config import DataConfig
 from scale.engine.config import EngineConfig, OptimConfig
 from scale.methods.config import MethodConfig
@@ -53,12 +53,21 @@ class EvalConfig:
     # k-NN monitor during pre-training (MoCo v3 appendix; Wu et al. 2018 k-NN): queue = 10% of ImageNet-1k
     knn_monitor_queue: int = at_least(128000, 1)
     knn_monitor_k: int = at_least(200, 1)
-    # linear probe (DINO eval_linear.py): frozen backbone, SGD momentum 0.9, wd 0, cosine to 0 per epoch
+    # whose evaluation protocol the recipe carries: dino | mocov3 | esvit (linear and k-NN, pre-training rows), or
+    # finetune (the row is itself a fine-tuning run, scored on data.val); recipes/README.md lists each
+    protocol: str = choice("dino", ["dino", "mocov3", "esvit", "finetune"])
+    # linear probe (DINO eval_linear.py, MoCo v3 main_lincls.py): frozen backbone, SGD momentum 0.9, wd 0, cosine
+    # to 0 per epoch. Feature: last_blocks (DINO ViT: class tokens of the last n blocks; EsViT Swin: their average-
+    # pooled outputs) | pooled (MoCo v3 ViT: class token after the last block and final norm; ResNet: the final
+    # global-average-pooled feature, the classifier's input in every official script)
+    linear_feature: str = choice("last_blocks", ["last_blocks", "pooled"])
     linear_n_last_blocks: int = at_least(4, 1)  # DINO: 4 for ViT-S, 1 for ViT-B (with avgpool)
     linear_avgpool: bool = False  # ViT: also the mean of the last block's patch tokens
     # the grid trained at once; each lr is for 256 images and scales linearly with the global batch (DINO)
     linear_lrs: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1])
     linear_epochs: int = at_least(100, 1)
+    # global batch of the probe (the lrs scale with it); 0: batch_size per rank (DINO: 128 per GPU on 8 GPUs)
+    linear_batch: int = at_least(0, 0)
     linear_val_fraction: float = within(0.01, 0.0, 1.0)  # training samples held out (by key) to choose the lr
     # logistic-regression transfer suite (EsViT C.5): L-BFGS, lambda searched over 1e-6..1e6
     logreg_max_iter: int = at_least(1000, 1)
@@ -82,3 +91,5 @@ class Recipe:
     engine: EngineConfig = field(default_factory=EngineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # where each stated value comes from: {dotted key: [value, source]} (scale.recipes.provenance)
+    sources: dict[str, Any] = field(default_factory=dict)

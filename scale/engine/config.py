@@ -34,6 +34,9 @@ class OptimConfig:
     min_lr: float = at_least(1e-6, 0.0)
     warmup_epochs: float = at_least(10, 0)
     warmup_start_lr: float = 0.0
+    # True: the base lr is reached at the last warmup step (DINO's cosine_scheduler, np.linspace); False: at the
+    # first step after it, lr * t / warmup (MoCo v3's main_moco.py, timm's scheduler in DRLoc)
+    warmup_endpoint: bool = True
     weight_decay: float = at_least(0.04, 0.0)
     weight_decay_end: float = at_least(0.4, 0.0)
     wd_exclude_1d: bool = True  # no weight decay on biases and 1-D parameters

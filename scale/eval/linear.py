@@ -24,7 +24,7 @@ from scale.data.batch import Batch
 from scale.data.factory import build_loader
 from scale.errors import UserError
 from scale.eval.data import dataset_info, eval_views_cfg
-from scale.eval.features import FeatureFn, last_blocks, world
+from scale.eval.features import FeatureFn, last_blocks, pooled, world
 
 log = logging.getLogger(__name__)
 
@@ -214,19 +214,38 @@ def probe_train_views(views_cfg):
     return cfg
 
 
+def probe_feature(eval_cfg) -> FeatureFn:
+    """The protocol's feature (eval.linear_feature): the last blocks' (DINO, EsViT) or the final pooled one
+    (MoCo v3's main_lincls.py; every official ResNet-50 probe)."""
+    if eval_cfg.linear_feature == "pooled":
+        return pooled
+    if eval_cfg.linear_feature == "last_blocks":
+        return last_blocks(int(eval_cfg.linear_n_last_blocks), bool(eval_cfg.linear_avgpool))
+    raise UserError(f"eval.linear_feature: expected last_blocks or pooled, got '{eval_cfg.linear_feature}'")
+
+
+def probe_batch(eval_cfg, world_size: int) -> int:
+    """The probe's global batch: eval.linear_batch (MoCo v3: 4096), or eval.batch_size on every rank (DINO)."""
+    if not eval_cfg.linear_batch:
+        return int(eval_cfg.batch_size) * world_size
+    if eval_cfg.linear_batch % world_size:
+        raise UserError(f"eval.linear_batch {eval_cfg.linear_batch} does not split over {world_size} ranks")
+    return int(eval_cfg.linear_batch)
+
+
 def run(session) -> dict:
     """Train the lr grid on data.train (minus the validation split), choose on it, report on data.val."""
     cfg, device = session.cfg, session.device
     info = dataset_info(cfg.data.train)
     if info["label_kind"] != "single":
         raise UserError(f"linear probe needs single-label data; {cfg.data.train} is {info['label_kind']}")
-    feature_fn = last_blocks(int(cfg.eval.linear_n_last_blocks), bool(cfg.eval.linear_avgpool))
+    feature_fn = probe_feature(cfg.eval)
     with torch.no_grad():
         probe = torch.zeros(1, 3, cfg.data.views.eval_crop, cfg.data.views.eval_crop, device=device)
         dim = feature_fn(session.backbone, probe).shape[1]
     base_lrs = [float(lr) for lr in cfg.eval.linear_lrs]
     check_lrs(base_lrs)
-    global_batch = int(cfg.eval.batch_size) * session.info.world_size
+    global_batch = probe_batch(cfg.eval, session.info.world_size)
     lrs = [lr * global_batch / 256 for lr in base_lrs]
     heads = LinearHeads(dim, len(info["classes"]), len(lrs), seed=cfg.train.seed).to(device)
     data_cfg = copy.deepcopy(cfg.data)
@@ -260,6 +279,7 @@ def run(session) -> dict:
         **session.describe(),
         "train": cfg.data.train,
         "val": cfg.data.val,
+        "feature": str(cfg.eval.linear_feature),
         "n_last_blocks": int(cfg.eval.linear_n_last_blocks),
         "avgpool": bool(cfg.eval.linear_avgpool),
         "feature_dim": int(dim),

@@ -62,8 +62,28 @@ class DrlocConfig:
     every_block: bool = False  # Eq. 7: one localization MLP per block
     exhaustive: bool = False  # Eq. 8: every embedding once, with a random partner
     grid: int = at_least(7, 1)  # grids larger than this are average-pooled to it
-    normalize_targets: bool = True  # the paper divides offsets by k (Eq. 1); the official code does not
-    gaussian_alpha: float = 0.001  # alpha of Eq. 6 (the official code's variance weight)
+    # The official code (yhlleo/VTs-Drloc, which produced the tables) departs from the paper's text; each departure
+    # is a switch whose default is the official behaviour (recipes/README.md, departures):
+    # avg3x3s2: nn.AvgPool2d(3, stride 2, padding 1, count_include_pad False) of T2T/CvT 14x14 grids (official);
+    # avg2x2: the paper's 2x2 average pooling (Sec. 3)
+    pool: str = choice("avg3x3s2", ["avg3x3s2", "avg2x2"])
+    normalize_targets: bool = False  # the paper divides offsets by k (Eq. 1); the official code does not
+    # True: |delta| targets in every mode (official train.sh --use_abs), ce/gaussian then have k classes 0..k-1;
+    # False: Eq. 4's signed classes {-k..k}. Mode `signed` (Eq. 3) is the official run without --use_abs
+    use_abs: bool = True
+    # mean: over u and v (official F.l1_loss); sum: Eq. 2's |.|_1 (twice the loss)
+    l1_reduction: str = choice("mean", ["mean", "sum"])
+    gaussian_alpha: float = 0.001  # alpha of Eq. 6 (the official code's lambda_var)
+    # variance: alpha log sigma^2 (official); sigma: Eq. 6's alpha log sigma
+    gaussian_log: str = choice("variance", ["variance", "sigma"])
+    # ce/gaussian head: the official trunk has a third Linear(512, 512) (no ReLU after it) before the two class
+    # layers; the paper's MLP (App. D) has two hidden layers
+    class_head_extra_linear: bool = True
+    # lambda over epochs: ramp (official main.py _weight_decay: 0 -> lambda over weight_warmup_epochs, then linear
+    # to 0 at weight_total_epochs, --total_epochs 300 while the loop stops at epoch 100) | constant (the paper)
+    weight_schedule: str = choice("ramp", ["ramp", "constant"])
+    weight_warmup_epochs: int = at_least(20, 0)
+    weight_total_epochs: int = at_least(300, 1)
     hidden_dim: int = at_least(512, 1)
 
 

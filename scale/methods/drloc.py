@@ -10,9 +10,12 @@ sampled uniformly per image and a localization MLP f predicts their offset from 
   Eq. 7 (every_block) Eq. 2 on the grid of every block, one MLP per block, summed over blocks
   Eq. 8 (exhaustive) every e_ij once, each with a random partner (m = k^2)
 
-Reductions: |.|_1 sums over (u, v) as in Eq. 2; pairs and images are averaged (the paper sums over the images of
-the batch; the official pseudocode averages, which keeps lambda independent of the batch size).
-`normalize_targets=False` reproduces the official code's raw integer offsets for l1/signed.
+Pairs and images are averaged (the paper sums over the images of the batch; the official code averages, which keeps
+lambda independent of the batch size). The official code (yhlleo/VTs-Drloc), which produced the tables, departs
+from these equations; method.drloc's switches select either (defaults: the official code, see DrlocConfig):
+raw integer offsets (`normalize_targets`), |delta| classes (`use_abs`), L1 averaged over (u, v) (`l1_reduction`),
+alpha log sigma^2 (`gaussian_log`), a 3x3/2 pooling (`pool`), lambda ramped over epochs (`weight_schedule`) and an
+extra Linear in the class head (`class_head_extra_linear`).
 """
 
 from collections.abc import Callable
@@ -29,13 +32,36 @@ from scale.methods.supervised import Supervised
 from scale.models.heads import DrlocHead
 
 MODES = ("l1", "signed", "ce", "gaussian")
+CHOICES = {
+    "pool": ("avg3x3s2", "avg2x2"),
+    "l1_reduction": ("mean", "sum"),
+    "gaussian_log": ("variance", "sigma"),
+    "weight_schedule": ("ramp", "constant"),
+}
 
 
-def pool_grid(grid: torch.Tensor, k: int) -> torch.Tensor:
-    """[B, D, h, w] -> average-pooled to k x k when larger (DRLoc pools 14 x 14 grids to 7 x 7)."""
+def pool_grid(grid: torch.Tensor, k: int, pool: str = "avg2x2") -> torch.Tensor:
+    """[B, D, h, w] -> average-pooled towards k x k when larger: avg2x2 (the paper: 14 x 14 to 7 x 7 by 2 x 2
+    pooling, adaptive for other sizes) or avg3x3s2 (official: AvgPool2d(3, 2, padding 1, count_include_pad False),
+    repeated while the grid is larger than k)."""
+    if pool == "avg3x3s2":
+        while grid.shape[-2] > k or grid.shape[-1] > k:
+            grid = F.avg_pool2d(grid, 3, stride=2, padding=1, count_include_pad=False)
+        return grid
     if grid.shape[-2] > k or grid.shape[-1] > k:
         return F.adaptive_avg_pool2d(grid, (min(k, grid.shape[-2]), min(k, grid.shape[-1])))
     return grid
+
+
+def lambda_at(cfg, epoch: int) -> float:
+    """lambda at this (0-based) epoch: constant (the paper) or the official ramp (main.py `_weight_decay`):
+    lambda * min(epoch / warmup, 1) up to the warmup, then lambda * (1 - (epoch - warmup) / (total - warmup))."""
+    if cfg.weight_schedule == "constant":
+        return float(cfg.weight)
+    warmup, total = cfg.weight_warmup_epochs, cfg.weight_total_epochs
+    if epoch <= warmup:
+        return float(cfg.weight) * (min(epoch / warmup, 1.0) if warmup > 0 else 1.0)
+    return float(cfg.weight) * (1.0 - (epoch - warmup) / (total - warmup))
 
 
 def sample_positions(batch: int, k: int, m: int, exhaustive: bool, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,29 +89,45 @@ def gather_pairs(grid: torch.Tensor, pos1: torch.Tensor, pos2: torch.Tensor) -> 
     return torch.cat([take(pos1), take(pos2)], dim=-1)
 
 
-def targets(pos1: torch.Tensor, pos2: torch.Tensor, k: int, mode: str, normalize: bool = True) -> torch.Tensor:
+def targets(
+    pos1: torch.Tensor, pos2: torch.Tensor, k: int, mode: str, normalize: bool = True, use_abs: bool = False
+) -> torch.Tensor:
     """[B, m, 2] regression targets (l1: |delta|/k, signed: delta/k; raw offsets without `normalize`) or class
-    indices c + k in [0, 2k] (ce, gaussian; k is then the classes' half-width), delta = pos1 - pos2 = (i-p, j-h)."""
+    indices (ce, gaussian): c + k in [0, 2k] (Eq. 4; k is then the classes' half-width), or with `use_abs` |c| in
+    [0, k) (the official --use_abs), delta = pos1 - pos2 = (i-p, j-h)."""
     delta = pos1 - pos2
     if mode in ("ce", "gaussian"):
-        return delta + k
+        return delta.abs() if use_abs else delta + k
     value = delta.abs().float() if mode == "l1" else delta.float()
     return value / k if normalize else value
 
 
-def localization_loss(pred: torch.Tensor, target: torch.Tensor, k: int, mode: str, alpha: float = 1e-3) -> torch.Tensor:
-    """pred [B, m, 2] (l1, signed) or [B, m, 2, 2k+1] logits (ce, gaussian); target from `targets`."""
+def localization_loss(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    k: int,
+    mode: str,
+    alpha: float = 1e-3,
+    l1_reduction: str = "sum",
+    gaussian_log: str = "sigma",
+    use_abs: bool = False,
+) -> torch.Tensor:
+    """pred [B, m, 2] (l1, signed) or [B, m, 2, C] logits (ce, gaussian; C = 2k+1, or k with `use_abs`); target
+    from `targets`. Defaults are the paper's equations; DrlocConfig's defaults the official code's."""
     if mode in ("l1", "signed"):
-        return (pred.float() - target).abs().sum(-1).mean()
+        error = (pred.float() - target).abs()
+        return error.sum(-1).mean() if l1_reduction == "sum" else error.mean()
     log_p = F.log_softmax(pred.float(), dim=-1)
     if mode == "ce":
         return -log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1).sum(-1).mean()
-    classes = torch.arange(-k, k + 1, device=pred.device, dtype=torch.float32)
+    first = 0 if use_abs else -k
+    classes = torch.arange(first, first + pred.shape[-1], device=pred.device, dtype=torch.float32)
     p = log_p.exp()
     mu = (p * classes).sum(-1)
-    var = (p * (classes - mu.unsqueeze(-1)) ** 2).sum(-1).clamp_min(1e-6)
-    c = (target - k).float()
-    return ((c - mu) ** 2 / var + alpha * 0.5 * torch.log(var)).sum(-1).mean()
+    var = (p * (classes - mu.unsqueeze(-1)) ** 2).sum(-1) + 1e-8  # the official EPSILON
+    c = (target + first).float()
+    log_term = torch.log(var) if gaussian_log == "variance" else 0.5 * torch.log(var)
+    return ((c - mu) ** 2 / var + alpha * log_term).sum(-1).mean()
 
 
 class Drloc(Supervised):
@@ -95,13 +137,18 @@ class Drloc(Supervised):
             raise UserError(f"method.drloc.mode: expected one of {', '.join(MODES)}, got '{dc.mode}'")
         if dc.every_block and dc.mode not in ("l1", "signed"):
             raise UserError("method.drloc.every_block is Eq. 7, an L1 loss: use mode l1 (or signed)")
+        for key, choices in CHOICES.items():
+            if dc[key] not in choices:
+                raise UserError(f"method.drloc.{key}: expected one of {', '.join(choices)}, got '{dc[key]}'")
+        if dc.weight_schedule == "ramp" and dc.weight_total_epochs <= dc.weight_warmup_epochs:
+            raise UserError("method.drloc.weight_total_epochs must exceed weight_warmup_epochs (the ramp's end)")
         super().__init__(cfg, steps_per_epoch, total_steps, backbone_fn)
 
     def _build(self, backbone: nn.Module, head: nn.Module) -> ClassifierNet:
         dc = self.drloc
-        classes = 2 * dc.grid + 1 if dc.mode in ("ce", "gaussian") else None
+        classes = (dc.grid if dc.use_abs else 2 * dc.grid + 1) if dc.mode in ("ce", "gaussian") else None
         dims = block_dims(backbone) if dc.every_block else [backbone.token_dim]
-        heads = DrlocHeads([DrlocHead(d, dc.hidden_dim, classes) for d in dims])
+        heads = DrlocHeads([DrlocHead(d, dc.hidden_dim, classes, dc.class_head_extra_linear) for d in dims])
         return ClassifierNet(backbone, head, heads, dc.every_block)
 
     def sampler(self, grids: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[tuple]]:
@@ -110,7 +157,7 @@ class Drloc(Supervised):
         pairs, positions = [], []
         for grid in grids:
             if not dc.every_block:
-                grid = pool_grid(grid, dc.grid)
+                grid = pool_grid(grid, dc.grid, dc.pool)
             if grid.shape[-2] != grid.shape[-1]:
                 raise UserError(f"DRLoc needs a square token grid, got {tuple(grid.shape[-2:])}")
             k = grid.shape[-1]
@@ -128,8 +175,12 @@ class Drloc(Supervised):
         for pred, (pos1, pos2, k) in zip(out["drloc"], out["drloc_positions"]):
             # the class heads have 2 * grid + 1 outputs; a smaller (pooled) grid uses the central classes
             scale = dc.grid if dc.mode in ("ce", "gaussian") else k
-            target = targets(pos1, pos2, scale, dc.mode, dc.normalize_targets)
-            terms.append(localization_loss(pred, target, scale, dc.mode, dc.gaussian_alpha))
+            target = targets(pos1, pos2, scale, dc.mode, dc.normalize_targets, dc.use_abs)
+            terms.append(
+                localization_loss(
+                    pred, target, scale, dc.mode, dc.gaussian_alpha, dc.l1_reduction, dc.gaussian_log, dc.use_abs
+                )
+            )
         loc = torch.stack(terms).sum()
-        loss = ce + dc.weight * loc
+        loss = ce + lambda_at(dc, ctx.epoch) * loc
         return loss, {"loss": loss.item(), "ce_loss": ce.item(), "drloc_loss": loc.item()}

@@ -143,14 +143,13 @@ class DrlocHead(nn.Module):
     then 2 outputs (regression, Eq. 2/3/7/8) or two branches of `num_classes` = 2k+1 logits, one per axis
     (classification Eq. 5 and Gaussian-prior regression Eq. 6)."""
 
-    def __init__(self, in_dim: int, hidden_dim: int = 512, num_classes: int | None = None):
+    def __init__(self, in_dim: int, hidden_dim: int = 512, num_classes: int | None = None, extra_linear: bool = False):
         super().__init__()
-        self.trunk = nn.Sequential(
-            nn.Linear(2 * in_dim, hidden_dim),
-            nn.ReLU(inplace=True),
-            nn.Linear(hidden_dim, hidden_dim),
-            nn.ReLU(inplace=True),
-        )
+        layers = [nn.Linear(2 * in_dim, hidden_dim), nn.ReLU(inplace=True), nn.Linear(hidden_dim, hidden_dim)]
+        layers.append(nn.ReLU(inplace=True))
+        if num_classes is not None and extra_linear:  # the official ce/cbr trunk: a third Linear, no ReLU after it
+            layers.append(nn.Linear(hidden_dim, hidden_dim))
+        self.trunk = nn.Sequential(*layers)
         self.num_classes = num_classes
         if num_classes is None:
             self.out = nn.Linear(hidden_dim, 2)

@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 import torch
+from omegaconf import OmegaConf
 
 from scale.config import list_recipes, load_recipe, recipe_name
 from scale.errors import UserError
@@ -66,13 +67,21 @@ def spec_of(cfg) -> str:
     return spec + (f" ({', '.join(extras)})" if extras else "")
 
 
+def accepted_px(size: int, patch: int) -> int:
+    """The multiple of the patch size nearest to `size`: the crop the recipes use for that patch (224 -> 225 and
+    96 -> 95 for /5, 96 -> 98 for /7 and /14)."""
+    return patch * max(1, round(size / patch))
+
+
 def describe(cfg) -> dict:
-    """One row: counts of the backbone alone (no heads) at 224 px and at the local-crop size (96, or 98 for /7, /14)."""
+    """One row: counts of the backbone alone (no heads) at the global and the local crop size, each the multiple of
+    the patch size nearest to 224 and 96 px (the row says which: global_px, local_px)."""
+    patch = cfg.patch_size or 1
+    global_px, local_px = accepted_px(GLOBAL_PX, patch), accepted_px(96, patch)
+    cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg, {"img_size": accepted_px(cfg.img_size, patch)})
     model = build_backbone(cfg, device="meta")
-    patch = model.patch_embed.patch_size[0] if hasattr(model, "patch_embed") else 1
-    local = 96 if 96 % patch == 0 else 98
     row = {"model": spec_of(cfg), "params_M": count_params(model) / 1e6}
-    for label, size in (("global", GLOBAL_PX), ("local", local)):
+    for label, size in (("global", global_px), ("local", local_px)):
         grid = model(torch.empty(1, 3, size, size, device="meta"))["grid"]
         row[f"{label}_px"] = size
         row[f"{label}_GMACs"] = count_macs(model, size) / 1e9

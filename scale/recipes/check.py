@@ -2,7 +2,8 @@
 
 A row fails when it does not load, when a part it needs is not built yet (a backbone or method that is not
 registered, an engine module that does not exist, or a `missing: ...` line in `meta.notes`), when its method does
-not build, or when the backbone's parameter count is outside the paper's rounding of `meta.reported.params_m`.
+not build, when the backbone's parameter count is outside the paper's rounding of `meta.reported.params_m`, or when
+a stated value differs from its recorded source or has none (scale.recipes.provenance).
 """
 
 import importlib.util
@@ -17,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from scale.config import load_recipe, recipe_name
 from scale.config.schema import Recipe
 from scale.errors import UserError
+from scale.recipes.provenance import source_errors, written_keys
 
 MISSING_PREFIX = "missing:"
 ENGINE_MODULES = {"ddp": "scale.engine.ddp", "fsdp2": "scale.engine.fsdp", "deepspeed": "scale.engine.deepspeed"}
@@ -110,16 +112,18 @@ def _build_on_meta(key: str) -> torch.nn.Module:
     return built[0]
 
 
-def check_config(name: str, cfg: DictConfig) -> CheckResult:
+def check_config(name: str, cfg: DictConfig, written: set[str] = frozenset()) -> CheckResult:
+    """`written`: the keys the recipe's files write (each must be sourced, scale.recipes.provenance)."""
+    sourcing = source_errors(cfg, written)
     missing = missing_pieces(cfg)
     if missing:
-        return CheckResult(name, False, "needs " + "; ".join(missing), missing=missing)
+        return CheckResult(name, False, "; ".join(["needs " + "; ".join(missing), *sourcing]), missing=missing)
     try:
         params, errors = _param_errors(cfg, _build_on_meta(_build_key(cfg)))
     except UserError as err:
-        return CheckResult(name, False, str(err))
-    if errors:
-        return CheckResult(name, False, "; ".join(errors), params_m=params)
+        return CheckResult(name, False, "; ".join([str(err), *sourcing]))
+    if errors or sourcing:
+        return CheckResult(name, False, "; ".join(errors + sourcing), params_m=params)
     return CheckResult(name, True, params_m=params)
 
 
@@ -127,6 +131,7 @@ def check_recipe(path: Path | str) -> CheckResult:
     name = recipe_name(Path(path))
     try:
         cfg = load_recipe(str(path))
+        written = written_keys(str(path))
     except UserError as err:
         return CheckResult(name, False, str(err))
-    return check_config(name, cfg)
+    return check_config(name, cfg, written)

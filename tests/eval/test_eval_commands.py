@@ -172,6 +172,7 @@ def test_linear_grid_on_digits(data, tmp_path):
         recipe,
         "eval.linear_epochs=2",
         "eval.batch_size=64",
+        "eval.linear_batch=0",  # batch_size on every rank (the DINO base's protocol says 1024 in all)
         "eval.linear_lrs=[0.01,0.3]",
         "eval.linear_val_fraction=0.2",
         "eval.linear_n_last_blocks=2",

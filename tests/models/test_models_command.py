@@ -23,3 +23,11 @@ def test_bad_model_spec_is_a_user_error(capsys):
     assert "vit_small/x9" in capsys.readouterr().err
     assert main(["models", "table", "--models", "vit_enormous"]) == 2
     assert "unknown backbone" in capsys.readouterr().err
+
+
+def test_models_table_builds_patch_5_at_a_multiple_of_5(capsys):
+    """DINO Fig. 5's ViT-S/5 does not accept 224 px: the row is built at 225 (global) and 95 px (local) and says so."""
+    assert main(["models", "table", "--json", "--models", "vit_small/5"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["global_px"], row["global_tokens"]) == (225, "45x45")
+    assert (row["local_px"], row["local_tokens"]) == (95, "19x19")
