@@ -146,7 +146,7 @@ def test_deepspeed_rank_with_a_damaged_optimizer_file_resumes_with_the_others(
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step_000000002 at step 2" in out.stderr and "zero_pp_rank_1" in out.stderr, out.stderr[-3000:]
     rows = [(r["step"], r["loss"]) for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())]
-    ref = dict(r for r in map(json.loads, (ds_reference / "metrics.jsonl").read_text().splitlines()))
+    ref = {r["step"]: r["loss"] for r in map(json.loads, (ds_reference / "metrics.jsonl").read_text().splitlines())}
     assert rows[-2:] == [(3, ref[3]), (4, ref[4])]
 
 
