@@ -41,13 +41,30 @@ def runs(tmp_path_factory):
     return two, one
 
 
+def without_key_bias(name: str, value: torch.Tensor) -> torch.Tensor:
+    """The key part of an attention's qkv bias gets a zero gradient in exact arithmetic (it adds the same q.b_k to
+    every logit of a query, which the softmax ignores), so its gradient is rounding noise, which Adam normalises
+    into updates of up to lr per step: its value differs by the order of lr between any two summation orders (seen
+    up to 3e-5 here), not because sharding is wrong. The query and value parts are compared."""
+    if not name.endswith("attn.qkv.bias"):
+        return value
+    q, _, v = value.chunk(3)
+    return torch.cat([q, v])
+
+
 def assert_same(run: dict, ref: dict) -> None:
     assert run["losses"] == pytest.approx(ref["losses"], abs=1e-4)
     assert ref["teacher"].keys() <= ref["student"].keys()
     for part in ("student", "teacher"):
         assert run[part].keys() == ref[part].keys()
         for name, value in ref[part].items():
-            torch.testing.assert_close(run[part][name], value, atol=2e-5, rtol=0, msg=f"{part} {name}")
+            torch.testing.assert_close(
+                without_key_bias(name, run[part][name]),
+                without_key_bias(name, value),
+                atol=2e-5,
+                rtol=0,
+                msg=lambda m, name=f"{part} {name}": f"{name}: {m}",
+            )
 
 
 @pytest.mark.parametrize("kind", ["dino", "mocov3"])
