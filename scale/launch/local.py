@@ -85,12 +85,14 @@ class Ranks:
         self.grace_s, self.stop_grace_s = grace_s, stop_grace_s
         self.signalled: list[int] = []  # signals forwarded, in order
         self.first_signal_at = self.kill_at = None
+        self.forced = False  # the ranks were killed after a signal: their deaths are no failure of their own
 
     def forward(self, signum, _frame) -> None:
         now = time.monotonic()
         if self.signalled and now - self.first_signal_at > DUPLICATE_WINDOW_S:
             print("scale: second signal: killing every rank", file=sys.stderr, flush=True)
             self.signalled.append(signum)
+            self.forced = True
             self.kill_all()
             return
         if self.signalled:  # the same notice twice (`timeout` signals its child, then the child's group)
@@ -111,26 +113,26 @@ class Ranks:
                 proc.kill()
 
     def wait(self) -> int:
-        first_failure, forced = None, False
+        first_failure = None
         while True:
             running = [p for p in self.procs if p.poll() is None]  # polls every rank, not only up to a live one
             failed = [p.returncode for p in self.procs if p.returncode not in (None, 0, PREEMPTED_EXIT_CODE)]
-            if not running:
-                break
-            if failed and first_failure is None:
+            if failed and first_failure is None and not self.forced:  # not the ranks we killed ourselves
                 first_failure = failed[0]
                 self._stop(running)
-            elif self.kill_at is not None and time.monotonic() > self.kill_at and not forced:
+            elif not running:
+                break
+            elif self.kill_at is not None and time.monotonic() > self.kill_at and not self.forced:
                 print(
                     f"scale: ranks still running {self.stop_grace_s:.0f} s after the signal: killing them",
                     file=sys.stderr,
                 )
+                self.forced = True
                 self.kill_all()
-                forced = True
             time.sleep(0.1)
         if first_failure is not None:
             return self.status_of(first_failure)
-        if forced or len(self.signalled) > 1:
+        if self.forced:
             return 1
         return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in [p.returncode for p in self.procs] else 0
 

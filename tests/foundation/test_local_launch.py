@@ -117,3 +117,10 @@ def test_a_signal_during_start_up_is_a_preemption_not_a_signal_death(tmp_path):
     proc = launcher(tmp_path, handled="0", stop_grace_s=60)
     os.kill(proc.pid, signal.SIGTERM)
     assert finish(proc, tmp_path) == PREEMPTED_EXIT_CODE
+
+
+def test_ranks_that_fail_together_report_the_failure(tmp_path):
+    procs = [rank(tmp_path, "r0", 0, 1), rank(tmp_path, "r1", 0, 1)]
+    for proc in procs:
+        proc.wait()  # both are gone before the launcher looks
+    assert wait(procs) == 1
