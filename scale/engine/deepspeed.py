@@ -36,6 +36,7 @@ from scale.engine.base import Engine
 from scale.engine.convert import convert_modules
 from scale.engine.dist import DistInfo
 from scale.engine.ema import copy_student_to_teacher, ema_update
+from scale.engine.guard import FiniteGuard
 from scale.engine.materialize import is_meta, materialize
 from scale.engine.params import clean_name, named_parameters, nbytes
 from scale.engine.precision import resolve_precision
@@ -127,6 +128,7 @@ def universal_folder(folder: Path) -> Path:
 class DeepSpeedEngine(Engine):
     kind = "deepspeed"
     native_checkpoint = True
+    syncs_each_step = True
 
     def __init__(self, engine_cfg, optim_cfg, dist_info: DistInfo, device: torch.device):
         check_common_config(engine_cfg, optim_cfg)
@@ -184,7 +186,9 @@ class DeepSpeedEngine(Engine):
         if self.micro_step < self.cfg.grad_accum:
             self.ds.step()  # DeepSpeed counts micro-batches in step(); it updates only at the boundary
 
-    def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:
+    def step(self, frozen: Callable[[str], bool] | None = None, guard: FiniteGuard | None = None) -> dict:
+        """DeepSpeed waits for the device in its own step (overflow check, gradient norm): the loop reads the
+        guard before calling this (`syncs_each_step`), so a step that reaches here has a finite loss."""
         self.check_accumulated()
         named = [(clean_name(n), p) for n, p in self.ds.module.named_parameters() if p.requires_grad]
         grads = [self.local_grad(p) for _, p in named]
@@ -205,6 +209,9 @@ class DeepSpeedEngine(Engine):
             metrics["grad_norm"] = float(norm) if norm is not None else float("nan")
         if self.precision.needs_loss_scaling:
             metrics["loss_scale"] = float(self.ds.optimizer.loss_scale)
+        if guard is not None:
+            guard.check_gradient(torch.as_tensor(metrics["grad_norm"], device=self.device))
+            guard.check_update([p.ds_tensor if self.stage == 3 else p for p in self.ds.module.parameters()])
         return metrics
 
     def local_grad(self, param: nn.Parameter) -> torch.Tensor | None:
@@ -256,9 +263,11 @@ class DeepSpeedEngine(Engine):
             param._hp_mapping.get_hp_fragment().data.copy_(held[1])
 
     # --- teacher
-    def ema(self, momentum: float) -> None:
+    def ema(self, momentum: float, guard: FiniteGuard | None = None) -> None:
         if self.method.teacher is None:
             raise RuntimeError("ema() called but the method has no teacher")
+        if guard is not None and guard.bad.item():  # DeepSpeed's step has waited for the device already
+            return
         if self.stage < 3:
             ema_update(self.method.teacher, self.ds, momentum)
             return
