@@ -10,7 +10,8 @@ import itertools
 import re
 
 from scale.config import load_recipe
-from scale.engine.memory_report import ENGINES
+from scale.engine.kinds import SETTINGS
+from scale.engine.kinds import setting_overrides as engine_overrides
 from scale.errors import UserError
 
 SHORT_KEYS = ("engine", "precision", "ac", "micro_batch", "crops", "batch")
@@ -54,9 +55,9 @@ def crop_overrides(spec: str) -> list[str]:
 
 def setting_overrides(key: str, value: str) -> list[str]:
     if key == "engine":
-        if value not in ENGINES:
-            raise UserError(f"--matrix engine '{value}' is not one of {', '.join(ENGINES)}")
-        return [f"engine.{k}={v}" for k, v in ENGINES[value].items()]
+        if value not in SETTINGS:
+            raise UserError(f"--matrix engine '{value}' is not one of {', '.join(SETTINGS)}")
+        return engine_overrides(value)
     if key == "precision":
         return [f"engine.precision={value}"]
     if key == "ac":

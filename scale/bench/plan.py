@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 
 from scale.bench.flops import step_flops
 from scale.bench.trace import StepTrace
+from scale.engine.kinds import SETTINGS, setting_overrides
 from scale.errors import UserError
 
-ENGINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")
+ENGINES = tuple(SETTINGS)
 SHARDED_WEIGHTS = ("fsdp2", "zero3")
 SHARDED_GRADS = ("fsdp2", "zero2", "zero3")
 MOMENTS = {"adamw": 2, "lamb": 2, "sgd": 1, "lars": 1}
@@ -44,11 +45,7 @@ class Setting:
         return f"{self.engine} ac={ac} micro={self.micro_batch} accum={self.grad_accum}"
 
     def overrides(self) -> list[str]:
-        engine = {
-            "zero1": ["engine.kind=deepspeed", "engine.zero_stage=1"],
-            "zero2": ["engine.kind=deepspeed", "engine.zero_stage=2"],
-            "zero3": ["engine.kind=deepspeed", "engine.zero_stage=3"],
-        }.get(self.engine, [f"engine.kind={self.engine}"])
+        engine = setting_overrides(self.engine)
         ac = [f"engine.activation_checkpointing={self.ac}"] + (
             [f"engine.ac_every_n={self.every_n}"] if self.ac == "every_n" else []
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 class EngineConfig:
     kind: str = "fsdp2"  # ddp | fsdp2 | deepspeed
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 needs a GPU)
-    activation_checkpointing: str = "none"  # none | full | every_n
+    activation_checkpointing: str = "none"  # none | full | every_n | selective (see scale/engine/activation.py)
     ac_every_n: int = 2
     zero_stage: int = 1  # deepspeed only
     grad_accum: int = 1

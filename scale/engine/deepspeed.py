@@ -33,11 +33,11 @@ import torch.distributed as dist
 from torch import nn
 
 from scale.engine.base import Engine
-from scale.engine.convert import convert_modules
 from scale.engine.dist import DistInfo
 from scale.engine.ema import copy_student_to_teacher, ema_update
 from scale.engine.guard import FiniteGuard
 from scale.engine.materialize import is_meta, materialize
+from scale.engine.parallelize import parallelize
 from scale.engine.params import clean_name, named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.engine.torch_engine import broadcast_module, check_common_config
@@ -161,20 +161,24 @@ class DeepSpeedEngine(Engine):
             broadcast_module(module)
         if meta and method.teacher is not None:
             copy_student_to_teacher(method.teacher, method.student)
-        convert_modules(method, self.cfg, self.precision, self.dist_info.world_size)
+        parallelize(method, self.cfg, self.precision, self.dist_info.world_size, lambda: self.wrap(method))
+        self.micro_step = 0
+
+    def wrap(self, method: Method) -> None:
+        """deepspeed.initialize over the student with its optimizer (ZeRO partitions it), and the teacher
+        partitioned alike under ZeRO-3."""
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         client = build_optimizer(groups, self.optim_cfg, self.device, sharded=True)
-        self.ds, self.optimizer, _, _ = deepspeed.initialize(
+        self.ds, self.optimizer, _, _ = self.deepspeed.initialize(
             model=method.student, optimizer=client, config=ds_config(self.cfg, self.optim_cfg, self.precision)
         )
         method.student = self.ds
         if self.stage == 3 and not self.precision.needs_loss_scaling:
             share_fp32_master(self.optimizer)
         if method.teacher is not None and self.stage == 3:
-            method.teacher, _, _, _ = deepspeed.initialize(
+            method.teacher, _, _, _ = self.deepspeed.initialize(
                 model=method.teacher, config=ds_config(self.cfg, self.optim_cfg, self.precision, False)
             )
-        self.micro_step = 0
 
     def autocast(self):
         return self.precision.autocast()

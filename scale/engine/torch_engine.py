@@ -17,11 +17,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from scale.engine.base import Engine
 from scale.engine.clip import CLIP_MODES, clip_gradients
-from scale.engine.convert import convert_modules
 from scale.engine.dist import DistInfo
 from scale.engine.ema import ema_update
 from scale.engine.guard import FiniteGuard, guarded_step
 from scale.engine.materialize import is_meta
+from scale.engine.parallelize import parallelize
 from scale.engine.params import named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.errors import UserError
@@ -85,8 +85,7 @@ class TorchEngine(Engine):
             for module in self.modules():
                 module.to(self.device)
                 broadcast_module(module)
-        convert_modules(method, self.cfg, self.precision, self.dist_info.world_size)
-        self.wrap(method, meta)
+        parallelize(method, self.cfg, self.precision, self.dist_info.world_size, lambda: self.wrap(method, meta))
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         self.optimizer = build_optimizer(groups, self.optim_cfg, self.device, sharded=self.sharded, fused=True)
         init_state(self.optimizer)

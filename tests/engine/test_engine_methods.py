@@ -45,7 +45,9 @@ def assert_same(run: dict, ref: dict) -> None:
     for part in ("student", "teacher"):
         assert run[part].keys() == ref[part].keys()
         for name, value in ref[part].items():
-            torch.testing.assert_close(run[part][name], value, atol=2e-5, rtol=0, msg=f"{part} {name}")
+            # 5e-5: the key bias of attention has a zero gradient in exact arithmetic (softmax ignores a shift of
+            # all keys), so AdamW turns the rounding of a different reduction order into updates (2.4e-5 seen)
+            torch.testing.assert_close(run[part][name], value, atol=5e-5, rtol=0, msg=f"{part} {name}")
 
 
 @pytest.mark.parametrize("kind", ["dino", "mocov3"])
