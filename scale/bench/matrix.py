@@ -1,7 +1,7 @@
 """`--matrix key=v1,v2 ...`: the settings to compare in one run (their cartesian product), as recipe overrides,
 and the one table that compares them.
 
-Keys: engine (ddp, fsdp2, zero1, zero2, zero3), precision (fp32, bf16, fp16), ac (none, full, every<N>),
+Keys: engine (ddp, fsdp2, zero1, zero2, zero3), precision (fp32, bf16, fp16), ac (none, full, selective, every<N>),
 micro_batch (images per rank per forward: sets engine.grad_accum), crops (e.g. 2x224+10x96), batch (global), or
 any dotted recipe key (e.g. model.name).
 """

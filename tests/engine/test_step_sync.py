@@ -60,7 +60,7 @@ def group():
     shutdown()
 
 
-def build_step(group, method: str, engine: str) -> TrainStep:
+def build_step(group, method: str, engine: str, *extra: str) -> TrainStep:
     info, device = group
     overrides = [
         "train.global_batch=4",
@@ -68,6 +68,7 @@ def build_step(group, method: str, engine: str) -> TrainStep:
         "train.knn_monitor_every=0",
         "train.grad_monitor_every=0",
         *TINY[method],
+        *extra,
     ]
     cfg = load_recipe(f"demo/{method}_tiny", overrides)
     return TrainStep(cfg, info, device, lambda: SyntheticLoader(cfg, info.rank, info.world_size))
@@ -85,3 +86,19 @@ def test_no_host_sync_in_a_step(group, method, engine):
     assert not counter.places, f"{len(counter.places)} host syncs in one step, first at:\n{counter.places[0]}"
     assert step.guard.read() is None
     assert torch.isfinite(torch.tensor(read_record(record)["loss"]))
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+def test_selective_checkpointing_trains_as_without(group, engine):
+    """Selective activation checkpointing composed with the engine and multi-crop: the same losses and weights."""
+    runs = []
+    for mode in ("none", "selective"):
+        step = build_step(group, "dino", engine, f"engine.activation_checkpointing={mode}")
+        batches = step.batches()
+        losses = [read_record(step(i, step.next_batch(batches)[0]))["loss"] for i in range(2)]
+        weights = {n: p.detach().clone() for n, p in step.method.student.named_parameters()}
+        runs.append((losses, weights))
+    (plain_losses, plain), (selective_losses, selective) = runs
+    assert selective_losses == pytest.approx(plain_losses, abs=1e-6)
+    for name, value in plain.items():
+        torch.testing.assert_close(selective[name], value, rtol=0, atol=1e-6, msg=name)
