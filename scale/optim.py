@@ -51,21 +51,26 @@ def apex_available() -> bool:
         return False
 
 
-def build_optimizer(groups: list[dict], cfg, device: torch.device, sharded: bool = False) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA), LARS and LAMB (timm), or SGD with momentum. apex's FusedLAMB replaces timm's LAMB
-    on CUDA when apex is installed and parameters are whole tensors (not DTensor shards)."""
+def build_optimizer(
+    groups: list[dict], cfg, device: torch.device, sharded: bool = False, fused: bool | None = None
+) -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA, or when `fused`), LARS and LAMB (timm), or SGD with momentum (fused when `fused`).
+    apex's FusedLAMB replaces timm's LAMB on CUDA when apex is installed and parameters are whole tensors (not
+    DTensor shards). Fused torch optimizers skip their update on the device when the non-finite guard's flag is
+    set (scale.engine.guard); DDP and FSDP2 ask for them on every device."""
     if cfg.name not in OPTIMIZERS:
         raise UserError(f"optim.name='{cfg.name}' is not one of {', '.join(OPTIMIZERS)}")
     cuda = device.type == "cuda"
+    fused_adamw = fused or cuda or None
     betas = tuple(cfg.betas)
     if len(betas) != 2:
         raise UserError(f"optim.betas must have 2 values, got {list(cfg.betas)}")
     if cfg.name == "adamw":
         return torch.optim.AdamW(
-            groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=True if cuda else None
+            groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused_adamw
         )
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused)
     if cfg.name == "lars":
         # timm's LARS skips the trust ratio where weight decay is 0, i.e. on the no-decay group, as DINO's LARS does
         return Lars(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)

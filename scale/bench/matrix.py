@@ -1,7 +1,7 @@
 """`--matrix key=v1,v2 ...`: the settings to compare in one run (their cartesian product), as recipe overrides,
 and the one table that compares them.
 
-Keys: engine (ddp, fsdp2, zero1, zero2, zero3), precision (fp32, bf16, fp16), ac (none, full, every<N>),
+Keys: engine (ddp, fsdp2, zero1, zero2, zero3), precision (fp32, bf16, fp16), ac (none, full, selective, every<N>),
 micro_batch (images per rank per forward: sets engine.grad_accum), crops (e.g. 2x224+10x96), batch (global), or
 any dotted recipe key (e.g. model.name).
 """
@@ -10,7 +10,8 @@ import itertools
 import re
 
 from scale.config import load_recipe
-from scale.engine.memory_report import ENGINES
+from scale.engine.kinds import SETTINGS
+from scale.engine.kinds import setting_overrides as engine_overrides
 from scale.errors import UserError
 
 SHORT_KEYS = ("engine", "precision", "ac", "micro_batch", "crops", "batch")
@@ -54,9 +55,9 @@ def crop_overrides(spec: str) -> list[str]:
 
 def setting_overrides(key: str, value: str) -> list[str]:
     if key == "engine":
-        if value not in ENGINES:
-            raise UserError(f"--matrix engine '{value}' is not one of {', '.join(ENGINES)}")
-        return [f"engine.{k}={v}" for k, v in ENGINES[value].items()]
+        if value not in SETTINGS:
+            raise UserError(f"--matrix engine '{value}' is not one of {', '.join(SETTINGS)}")
+        return engine_overrides(value)
     if key == "precision":
         return [f"engine.precision={value}"]
     if key == "ac":

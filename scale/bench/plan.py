@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 from scale.bench.flops import step_flops
 from scale.bench.trace import StepTrace
+from scale.engine.kinds import SETTINGS, setting_overrides
 from scale.errors import UserError
 
-ENGINES = ("ddp", "fsdp2", "hsdp", "zero1", "zero2", "zero3")
+ENGINES = (*SETTINGS, "hsdp")  # the engine kinds' settings, plus HSDP (fsdp2 on a replicate x shard mesh)
 SHARDED_WEIGHTS = ("fsdp2", "hsdp", "zero3")
 SHARDED_GRADS = ("fsdp2", "hsdp", "zero2", "zero3")
 MOMENTS = {"adamw": 2, "lamb": 2, "sgd": 1, "lars": 1}
@@ -60,12 +61,10 @@ class Setting:
         return f"{self.name} ac={ac} micro={self.micro_batch} accum={self.grad_accum}"
 
     def overrides(self) -> list[str]:
-        engine = {
-            "zero1": ["engine.kind=deepspeed", "engine.zero_stage=1"],
-            "zero2": ["engine.kind=deepspeed", "engine.zero_stage=2"],
-            "zero3": ["engine.kind=deepspeed", "engine.zero_stage=3"],
-            "hsdp": ["engine.kind=fsdp2", f"engine.shard_size={self.shard_size}"],
-        }.get(self.engine, [f"engine.kind={self.engine}"])
+        if self.engine == "hsdp":
+            engine = ["engine.kind=fsdp2", f"engine.shard_size={self.shard_size}"]
+        else:
+            engine = setting_overrides(self.engine)
         ac = [f"engine.activation_checkpointing={self.ac}"] + (
             [f"engine.ac_every_n={self.every_n}"] if self.ac == "every_n" else []
         )

@@ -1,5 +1,5 @@
-"""Benchmark real training steps of a recipe: the training loop's own `train_step` over pieces built as the
-Trainer builds them (method, engine, schedules), on the recipe's shards or on synthetic batches.
+"""Benchmark real training steps of a recipe: the training loop's own step (`scale.step.TrainStep`, built as
+training builds it: method, engine, schedules, guard), on the recipe's shards or on synthetic batches.
 
 Measured, per rank, then combined over ranks (the slowest rank's time, the largest memory):
 - step time: wall clock of `steps` steps after `warmup` steps and one profiled step, each started after a barrier;
@@ -17,11 +17,8 @@ Measured, per rank, then combined over ranks (the slowest rank's time, the large
 import contextlib
 import gc
 import statistics
-import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -32,8 +29,8 @@ from scale.bench.synthetic import SyntheticLoader, crop_layout
 from scale.bench.trace import trace_step
 from scale.engine.dist import DistInfo
 from scale.engine.parallel import as_parallel
-from scale.rundir import RunDir
-from scale.train import Trainer, train_loader
+from scale.step import TrainStep, read_record
+from scale.train import train_loader
 
 # schedules (lr, weight decay, teacher momentum) are arrays over every step of the run: with a benchmark's small
 # batches an ImageNet run has 10^8 steps and its arrays would take gigabytes. Their values do not change what a
@@ -59,20 +56,9 @@ class PhaseTimer:
             self.totals[name] += time.perf_counter() - start
 
 
-class BenchTrainer(Trainer):
-    """The Trainer's step over its data, method, engine and schedules (built by `Trainer.build_step`), without run
-    directory, checkpoints or initial weights."""
-
-    def __init__(self, cfg, info: DistInfo, device: torch.device, make_loader: Callable[[], object], phase):
-        self.cfg, self.info, self.device = cfg, as_parallel(info, device, cfg.engine.shard_size), device
-        self.run = RunDir(Path(tempfile.gettempdir()) / "scale-bench")  # only named in error messages
-        self.phase = phase
-        self.build_step(make_loader, max_schedule_steps_per_epoch=SCHEDULE_STEPS_PER_EPOCH)
-
-
 def make_loader(cfg, info: DistInfo, synthetic: bool):
     if synthetic:
-        return SyntheticLoader(cfg, info.rank, info.world_size)
+        return SyntheticLoader(cfg, info.dp_rank, info.dp_size)
     return train_loader(cfg, info)
 
 
@@ -83,23 +69,31 @@ def barrier() -> None:
 
 def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: int, synthetic: bool) -> dict:
     """This rank's numbers for one setting."""
+    info = as_parallel(info, device, cfg.engine.shard_size)
     timer = PhaseTimer(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with MemoryTrace(device) as memory:
-        trainer = BenchTrainer(cfg, info, device, lambda: make_loader(cfg, info, synthetic), timer)
-        batches = trainer._batches()
+        trainer = TrainStep(
+            cfg,
+            info,
+            device,
+            lambda: make_loader(cfg, info, synthetic),
+            max_schedule_steps_per_epoch=SCHEDULE_STEPS_PER_EPOCH,
+            phase=timer,
+        )
+        batches = trainer.batches()
         for step in range(warmup):
-            trainer.train_step(step, trainer._next_batch(batches)[0])
+            trainer(step, trainer.next_batch(batches)[0])
         barrier()
         with memory.window():
-            record = trainer.train_step(warmup, trainer._next_batch(batches)[0])
+            record = trainer(warmup, trainer.next_batch(batches)[0])
     timer.totals.clear()
     times, waits = [], []
     for step in range(warmup + 1, warmup + 1 + steps):
         barrier()
         start = time.perf_counter()
-        batch, wait = trainer._next_batch(batches)
-        record = trainer.train_step(step, batch)
+        batch, wait = trainer.next_batch(batches)
+        record = trainer(step, batch)
         sync()
         times.append(time.perf_counter() - start)
         waits.append(wait)
@@ -112,7 +106,7 @@ def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: 
         "step_s_min": min(times),
         "phases": phases,
         "state": trainer.engine.memory(),
-        "loss": record["loss"],
+        "loss": read_record(record)["loss"],
         **memory.result(),
     }
     del trainer, batches

@@ -34,6 +34,8 @@ class TrainConfig:
     keep_every: int = at_least(0, 0)  # also keep every M-th step's checkpoint (0: none)
     async_save: bool = False
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    # steps between the ranks' agreement on a received preemption signal (a host wait each time); see README
+    preempt_check_every: int = at_least(5, 1)
     knn_monitor_every: int = at_least(0, 0)  # steps; 0 disables the k-NN monitor
     grad_monitor_every: int = at_least(0, 0)  # steps; per-layer gradient norms and spikes (MoCo v3 Fig. 4); 0 disables
     # methods with a class head (supervised, DRLoc, fine-tuning rows): top-1/top-5 on data.val every this many

@@ -1,15 +1,39 @@
-"""Activation checkpointing on the backbones' transformer blocks: none, full (every block) or every N-th block.
+"""Activation checkpointing on the backbones' transformer blocks: none, full (every block), every N-th block, or
+selective (every block, op by op: the outputs of matmuls and attention are kept, everything else - norms,
+activations, dropout, residual adds - is recomputed in backward; torch's selective checkpointing, as torchtitan).
 
 torch's composable non-reentrant `checkpoint` keeps parameter names unchanged and composes with DDP, FSDP2 and
 DeepSpeed; being non-reentrant it supports several forwards of the same blocks per step (multi-crop).
 """
 
+import torch
 from torch import nn
 from torch.distributed._composable import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from scale.errors import UserError
 
-MODES = ("none", "full", "every_n")
+MODES = ("none", "full", "every_n", "selective")
+
+_ATEN = torch.ops.aten
+# the expensive ops whose outputs selective checkpointing keeps (the SDPA kernels of CPU and CUDA)
+SAVED_OPS = {
+    _ATEN.mm.default,
+    _ATEN.addmm.default,
+    _ATEN.bmm.default,
+    _ATEN._scaled_dot_product_flash_attention.default,
+    _ATEN._scaled_dot_product_efficient_attention.default,
+    _ATEN._scaled_dot_product_cudnn_attention.default,
+    _ATEN._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+
+def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def selective_context():
+    return create_selective_checkpoint_contexts(_save_matmuls)
 
 
 def blocks_to_checkpoint(model: nn.Module, mode: str, every_n: int) -> list[nn.Module]:
@@ -23,7 +47,7 @@ def blocks_to_checkpoint(model: nn.Module, mode: str, every_n: int) -> list[nn.M
     for part in model.children():
         if hasattr(part, "block_modules"):
             blocks = list(part.block_modules())
-            chosen += blocks if mode == "full" else blocks[::every_n]
+            chosen += blocks[::every_n] if mode == "every_n" else blocks
     if not chosen:
         raise UserError(
             f"engine.activation_checkpointing={mode} needs a backbone with block_modules(); "
@@ -35,6 +59,7 @@ def blocks_to_checkpoint(model: nn.Module, mode: str, every_n: int) -> list[nn.M
 def apply_activation_checkpointing(model: nn.Module, mode: str, every_n: int) -> int:
     """Checkpoint the chosen blocks in place; returns how many."""
     blocks = blocks_to_checkpoint(model, mode, every_n)
+    kwargs = {"context_fn": selective_context} if mode == "selective" else {}
     for block in blocks:
-        checkpoint(block)
+        checkpoint(block, **kwargs)
     return len(blocks)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from scale.engine.guard import FiniteGuard
 from scale.methods.base import Method
 
 
@@ -47,14 +48,19 @@ class Engine(abc.ABC):
                 f"step() after {self.micro_step} backward calls; engine.grad_accum={self.cfg.grad_accum}"
             )
 
-    @abc.abstractmethod
-    def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:
-        """Clip, step the optimizer and zero the gradients; parameters for which `frozen(name)` is true get no
-        update. Returns metrics such as the gradient norm."""
+    # the engine's step waits for the device anyway (DeepSpeed): the loop reads the non-finite guard before it
+    syncs_each_step: bool = False
 
     @abc.abstractmethod
-    def ema(self, momentum: float) -> None:
-        """teacher = momentum * teacher + (1 - momentum) * student, over the teacher's parameters."""
+    def step(self, frozen: Callable[[str], bool] | None = None, guard: FiniteGuard | None = None) -> dict:
+        """Clip, step the optimizer and zero the gradients; parameters for which `frozen(name)` is true get no
+        update. With a `guard`: no update while its flag is set; the gradient norm and the updated parameters are
+        checked into it. Returns metrics such as the gradient norm (tensors or numbers; read on log steps only)."""
+
+    @abc.abstractmethod
+    def ema(self, momentum: float, guard: FiniteGuard | None = None) -> None:
+        """teacher = momentum * teacher + (1 - momentum) * student, over the teacher's parameters; skipped while
+        the guard's flag is set."""
 
     @abc.abstractmethod
     def memory(self) -> dict[str, int]:

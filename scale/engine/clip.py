@@ -35,13 +35,14 @@ def grad_sq_norms(grads: list[torch.Tensor]) -> torch.Tensor:
     return sq
 
 
-def clip_gradients(grads: list[torch.Tensor], max_norm: float, mode: str) -> float:
-    """Clip in place (max_norm <= 0: no clipping) and return the global gradient norm before clipping."""
+def clip_gradients(grads: list[torch.Tensor], max_norm: float, mode: str) -> torch.Tensor:
+    """Clip in place (max_norm <= 0: no clipping) and return the global gradient norm before clipping, a tensor
+    on the gradients' device: the factors stay on the device too, so that the host never waits for the norms."""
     sq = grad_sq_norms(grads)
     total = sq.sum().sqrt()
     if max_norm > 0 and grads:
         norms = sq.sqrt() if mode == "per_param" else total.expand_as(sq)
         factors = (max_norm / (norms + 1e-6)).clamp(max=1.0)
         locals_ = [local(g) for g in grads]
-        torch._foreach_mul_(locals_, factors.tolist())
-    return float(total)
+        torch._foreach_mul_(locals_, list(factors.unbind()))
+    return total

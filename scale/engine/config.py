@@ -3,13 +3,15 @@
 from dataclasses import dataclass, field
 
 from scale.config.fields import at_least, choice
+from scale.engine.kinds import KINDS
 
 
 @dataclass
 class EngineConfig:
-    kind: str = choice("fsdp2", ["ddp", "fsdp2", "deepspeed"])
+    kind: str = choice("fsdp2", lambda: list(KINDS))
     precision: str = choice("fp32", ["fp32", "bf16", "fp16"])  # fp16 needs a GPU
-    activation_checkpointing: str = choice("none", ["none", "full", "every_n"])
+    # see scale/engine/activation.py
+    activation_checkpointing: str = choice("none", ["none", "full", "every_n", "selective"])
     ac_every_n: int = at_least(2, 1)
     zero_stage: int = choice(1, [1, 2, 3])  # deepspeed only
     grad_accum: int = at_least(1, 1)

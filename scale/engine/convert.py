@@ -1,9 +1,8 @@
-"""What every engine does to the modules before wrapping them: BatchNorm -> SyncBatchNorm across GPUs, the CPU bf16
-convolution guard, activation checkpointing."""
+"""Module conversions, the first step of `scale.engine.parallelize`: BatchNorm -> SyncBatchNorm across GPUs and the
+CPU bf16 convolution guard."""
 
 from torch import nn
 
-from scale.engine.activation import apply_activation_checkpointing
 from scale.engine.cpu_bf16_conv import guard_cpu_bf16_convs
 from scale.engine.parallel import ParallelContext
 from scale.engine.precision import Precision
@@ -18,4 +17,3 @@ def convert_modules(method: Method, engine_cfg, precision: Precision, parallel: 
             method.teacher = nn.SyncBatchNorm.convert_sync_batchnorm(method.teacher, process_group=parallel.dp_group)
     if precision.device_type == "cpu" and precision.name == "bf16":
         guard_cpu_bf16_convs(method.student)  # only the student computes weight gradients
-    apply_activation_checkpointing(method.student, engine_cfg.activation_checkpointing, engine_cfg.ac_every_n)

@@ -33,10 +33,11 @@ import torch.distributed as dist
 from torch import nn
 
 from scale.engine.base import Engine
-from scale.engine.convert import convert_modules
 from scale.engine.ema import copy_student_to_teacher, ema_update
+from scale.engine.guard import FiniteGuard
 from scale.engine.materialize import is_meta, materialize
 from scale.engine.parallel import ParallelContext
+from scale.engine.parallelize import parallelize
 from scale.engine.params import clean_name, named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.engine.torch_engine import broadcast_module, check_common_config
@@ -131,6 +132,7 @@ def universal_folder(folder: Path) -> Path:
 class DeepSpeedEngine(Engine):
     kind = "deepspeed"
     native_checkpoint = True
+    syncs_each_step = True
 
     def __init__(self, engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device):
         check_common_config(engine_cfg, optim_cfg)
@@ -171,10 +173,15 @@ class DeepSpeedEngine(Engine):
             broadcast_module(module, self.dist_info.dp_group)
         if meta and method.teacher is not None:
             copy_student_to_teacher(method.teacher, method.student)
-        convert_modules(method, self.cfg, self.precision, self.dist_info)
+        parallelize(method, self.cfg, self.precision, self.dist_info, lambda: self.wrap(method))
+        self.micro_step = 0
+
+    def wrap(self, method: Method) -> None:
+        """deepspeed.initialize over the student with its optimizer (ZeRO partitions it), and the teacher
+        partitioned alike under ZeRO-3."""
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         client = build_optimizer(groups, self.optim_cfg, self.device, sharded=True)
-        self.ds, self.optimizer, _, _ = deepspeed.initialize(
+        self.ds, self.optimizer, _, _ = self.deepspeed.initialize(
             model=method.student,
             optimizer=client,
             config=ds_config(self.cfg, self.optim_cfg, self.precision, hpz_size=self.hpz_size),
@@ -183,10 +190,9 @@ class DeepSpeedEngine(Engine):
         if self.stage == 3 and not self.precision.needs_loss_scaling:
             share_fp32_master(self.optimizer)
         if method.teacher is not None and self.stage == 3:
-            method.teacher, _, _, _ = deepspeed.initialize(
+            method.teacher, _, _, _ = self.deepspeed.initialize(
                 model=method.teacher, config=ds_config(self.cfg, self.optim_cfg, self.precision, False, self.hpz_size)
             )
-        self.micro_step = 0
 
     def autocast(self):
         return self.precision.autocast()
@@ -198,7 +204,9 @@ class DeepSpeedEngine(Engine):
         if self.micro_step < self.cfg.grad_accum:
             self.ds.step()  # DeepSpeed counts micro-batches in step(); it updates only at the boundary
 
-    def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:
+    def step(self, frozen: Callable[[str], bool] | None = None, guard: FiniteGuard | None = None) -> dict:
+        """DeepSpeed waits for the device in its own step (overflow check, gradient norm): the loop reads the
+        guard before calling this (`syncs_each_step`), so a step that reaches here has a finite loss."""
         self.check_accumulated()
         named = [(clean_name(n), p) for n, p in self.ds.module.named_parameters() if p.requires_grad]
         grads = [self.local_grad(p) for _, p in named]
@@ -219,6 +227,9 @@ class DeepSpeedEngine(Engine):
             metrics["grad_norm"] = float(norm) if norm is not None else float("nan")
         if self.precision.needs_loss_scaling:
             metrics["loss_scale"] = float(self.ds.optimizer.loss_scale)
+        if guard is not None:
+            guard.check_gradient(torch.as_tensor(metrics["grad_norm"], device=self.device))
+            guard.check_update([p.ds_tensor if self.stage == 3 else p for p in self.ds.module.parameters()])
         return metrics
 
     def local_grad(self, param: nn.Parameter) -> torch.Tensor | None:
@@ -270,9 +281,11 @@ class DeepSpeedEngine(Engine):
             param._hp_mapping.get_hp_fragment().data.copy_(held[1])
 
     # --- teacher
-    def ema(self, momentum: float) -> None:
+    def ema(self, momentum: float, guard: FiniteGuard | None = None) -> None:
         if self.method.teacher is None:
             raise RuntimeError("ema() called but the method has no teacher")
+        if guard is not None and guard.bad.item():  # DeepSpeed's step has waited for the device already
+            return
         if self.stage < 3:
             ema_update(self.method.teacher, self.ds, momentum)
             return

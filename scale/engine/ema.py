@@ -29,10 +29,19 @@ def ema_pairs(teacher: nn.Module, student: nn.Module) -> tuple[list[torch.Tensor
 
 
 @torch.no_grad()
-def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
+def ema_update(teacher: nn.Module, student: nn.Module, momentum: float, skip: torch.Tensor | None = None) -> None:
+    """`skip`: a 0/1 flag on the device (the non-finite guard's); when set, the weight is 0 and the teacher keeps
+    its values (exactly, while the student is finite: t + 0 * (s - t) = t) without a host read."""
     teacher_locals, student_locals = ema_pairs(teacher, student)
-    if teacher_locals:
+    if not teacher_locals:
+        return
+    if skip is None:
         torch._foreach_lerp_(teacher_locals, student_locals, 1.0 - momentum)
+    else:
+        # one 0-d weight per tensor (the tensor-weight overload of _foreach_lerp_ would read it on the host)
+        weight = (1.0 - skip.to(teacher_locals[0].device).float()) * (1.0 - momentum)
+        by_dtype = {t.dtype: weight.to(t.dtype) for t in teacher_locals}
+        torch._foreach_lerp_(teacher_locals, student_locals, [by_dtype[t.dtype] for t in teacher_locals])
 
 
 @torch.no_grad()

@@ -1,28 +1,21 @@
-"""`build_engine`: the recipe's engine.kind picks the implementation; everything else is shared configuration."""
+"""`build_engine`: the recipe's engine.kind picks the implementation (scale.engine.kinds); everything else is
+shared configuration."""
+
+import importlib
 
 import torch
 
 from scale.engine.base import Engine
 from scale.engine.dist import DistInfo
+from scale.engine.kinds import KINDS
 from scale.engine.parallel import as_parallel
 from scale.errors import UserError
-
-KINDS = ("ddp", "fsdp2", "deepspeed")
 
 
 def build_engine(engine_cfg, optim_cfg, dist_info: DistInfo, device: torch.device) -> Engine:
     """`dist_info`: the run's ParallelContext (or a plain DistInfo, from which one is built for engine.shard_size)."""
+    if engine_cfg.kind not in KINDS:
+        raise UserError(f"engine.kind='{engine_cfg.kind}' is not one of {', '.join(KINDS)}")
     dist_info = as_parallel(dist_info, device, engine_cfg.shard_size)
-    if engine_cfg.kind == "ddp":
-        from scale.engine.ddp import DDPEngine
-
-        return DDPEngine(engine_cfg, optim_cfg, dist_info, device)
-    if engine_cfg.kind == "fsdp2":
-        from scale.engine.fsdp import FSDPEngine
-
-        return FSDPEngine(engine_cfg, optim_cfg, dist_info, device)
-    if engine_cfg.kind == "deepspeed":
-        from scale.engine.deepspeed import DeepSpeedEngine
-
-        return DeepSpeedEngine(engine_cfg, optim_cfg, dist_info, device)
-    raise UserError(f"engine.kind='{engine_cfg.kind}' is not one of {', '.join(KINDS)}")
+    module, name = KINDS[engine_cfg.kind]
+    return getattr(importlib.import_module(module), name)(engine_cfg, optim_cfg, dist_info, device)

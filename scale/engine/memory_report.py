@@ -3,7 +3,7 @@ one rank holds after a training step of a recipe's method, from `Engine.memory()
 
 `measure(cfg, engines)` runs inside a process group (the bench command calls it); `python -m
 scale.engine.memory_report RECIPE [overrides] --nproc 2 [--engines ddp,fsdp2,zero3]` spawns the group on CPU
-(gloo) and prints the table. Parameters are counted exactly; activations are not (the synthetic step is tiny).
+(gloo) and prints the table. Parameters are counted exactly; activations are not (one image per rank).
 """
 
 import argparse
@@ -14,64 +14,39 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from scale.data.batch import Batch
+from scale.engine.kinds import SETTINGS
 
-ENGINES = {
-    "ddp": {"kind": "ddp"},
-    "fsdp2": {"kind": "fsdp2"},
-    "zero1": {"kind": "deepspeed", "zero_stage": 1},
-    "zero2": {"kind": "deepspeed", "zero_stage": 2},
-    "zero3": {"kind": "deepspeed", "zero_stage": 3},
-}
 KEYS = ("params", "grads", "optimizer", "teacher", "total")
 
 
-def synthetic_batch(cfg, images: int, size: int) -> Batch:
-    """Random crops in the recipe's view layout (global views, then each group of local views), at `size` px."""
-    views = cfg.data.views
-    groups = [views.n_global] + (list(views.n_local) if views.kind == "multicrop" else [])
-    sizes = [size] + [max(size // 2, 16)] * (len(groups) - 1)
-    crops = [torch.randn(n * images, 3, s, s) for n, s in zip(groups, sizes)]
-    return Batch(crops, groups, torch.zeros(images, dtype=torch.long))
+def measure_one(cfg, info, device: torch.device) -> dict[str, int]:
+    """One training step (scale.step.TrainStep, as training runs it) on one synthetic image per micro-batch and
+    rank, in the recipe's crop layout; then what the engine holds."""
+    from scale.bench.synthetic import SyntheticLoader
+    from scale.step import TrainStep
 
-
-def measure_one(cfg, device: torch.device, image_size: int) -> dict[str, int]:
-    from scale.engine import build_engine
-    from scale.engine.dist import detect
-    from scale.engine.parallel import parallel_context
-    from scale.methods import build_method
-    from scale.methods.base import StepContext
-
-    torch.manual_seed(cfg.train.seed)
-    parallel = parallel_context(detect(), device, cfg.engine.shard_size)
-    method = build_method(cfg, 1, 1, dp_group=parallel.dp_group)
-    engine = build_engine(cfg.engine, cfg.optim, parallel, device)
-    engine.setup(method)
-    ctx = StepContext(step=0, epoch=0, steps_per_epoch=1, total_steps=1)
-    for _ in range(cfg.engine.grad_accum):
-        with engine.autocast():
-            loss, _ = method.loss(synthetic_batch(cfg, 1, image_size).to(device), ctx)
-        engine.backward(loss)
-    engine.step(method.frozen_params(ctx))  # optimizer state exists after the first step on every engine
-    if method.teacher is not None:
-        engine.ema(method.ema_momentum(ctx))
-    held = engine.memory()
-    del method, engine
+    cfg = OmegaConf.merge(cfg, {"train": {"global_batch": info.world_size * cfg.engine.grad_accum}})
+    step = TrainStep(cfg, info, device, lambda: SyntheticLoader(cfg, info.rank, info.world_size), "", 1)
+    step(0, step.next_batch(step.batches())[0])  # optimizer state exists after the first step on every engine
+    held = step.engine.memory()
+    del step
     gc.collect()
     return held
 
 
-def measure(cfg, engines: list[str], image_size: int = 64) -> dict[str, dict[str, int]]:
-    """Collective: for each engine label (see ENGINES), the largest per-rank bytes of each memory() entry."""
+def measure(cfg, engines: list[str]) -> dict[str, dict[str, int]]:
+    """Collective: for each engine setting (scale.engine.kinds.SETTINGS), the largest per-rank bytes of each
+    memory() entry."""
     from scale.engine.dist import detect, device_for
 
-    device = device_for(detect())
+    info = detect()
+    device = device_for(info)
     report = {}
     for label in engines:
-        if label not in ENGINES:
-            raise ValueError(f"unknown engine '{label}' (expected one of {', '.join(ENGINES)})")
-        run_cfg = OmegaConf.merge(cfg, {"engine": ENGINES[label]})
-        held = measure_one(run_cfg, device, image_size)
+        if label not in SETTINGS:
+            raise ValueError(f"unknown engine '{label}' (expected one of {', '.join(SETTINGS)})")
+        run_cfg = OmegaConf.merge(cfg, {"engine": SETTINGS[label]})
+        held = measure_one(run_cfg, info, device)
         values = torch.tensor([held[k] for k in KEYS], dtype=torch.float64)
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
         report[label] = {k: int(v) for k, v in zip(KEYS, values.tolist())}
@@ -115,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("recipe")
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--engines", default=",".join(SETTINGS))
     args = parser.parse_args(argv)
     mp.spawn(
         _worker,

@@ -17,10 +17,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from scale.engine.base import Engine
 from scale.engine.clip import CLIP_MODES, clip_gradients
-from scale.engine.convert import convert_modules
 from scale.engine.ema import ema_update
+from scale.engine.guard import FiniteGuard, guarded_step
 from scale.engine.materialize import is_meta
 from scale.engine.parallel import ParallelContext
+from scale.engine.parallelize import parallelize
 from scale.engine.params import named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.errors import UserError
@@ -84,10 +85,9 @@ class TorchEngine(Engine):
             for module in self.modules():
                 module.to(self.device)
                 broadcast_module(module, self.dist_info.dp_group)
-        convert_modules(method, self.cfg, self.precision, self.dist_info)
-        self.wrap(method, meta)
+        parallelize(method, self.cfg, self.precision, self.dist_info, lambda: self.wrap(method, meta))
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
-        self.optimizer = build_optimizer(groups, self.optim_cfg, self.device, sharded=self.sharded)
+        self.optimizer = build_optimizer(groups, self.optim_cfg, self.device, sharded=self.sharded, fused=True)
         init_state(self.optimizer)
         if self.precision.needs_loss_scaling:
             self.scaler = self.make_scaler()
@@ -108,7 +108,7 @@ class TorchEngine(Engine):
             loss.backward()
         self.set_gradient_sync(self.micro_step == self.cfg.grad_accum - 1)
 
-    def step(self, frozen: Callable[[str], bool] | None = None) -> dict[str, float]:
+    def step(self, frozen: Callable[[str], bool] | None = None, guard: FiniteGuard | None = None) -> dict:
         self.check_accumulated()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
@@ -120,20 +120,26 @@ class TorchEngine(Engine):
                 param.grad = None
         metrics = {"grad_norm": grad_norm}
         if self.scaler is not None:
-            self.scaler.step(self.optimizer)
+            # fp16 (GPU): the scaler skips overflowing steps itself; the guard's flag is read on the host here
+            if guard is None or not guard.bad.item():
+                self.scaler.step(self.optimizer)
             self.scaler.update()
-            metrics["loss_scale"] = float(self.scaler.get_scale())
+            metrics["loss_scale"] = self.scaler._get_scale_async()
         else:
-            self.optimizer.step()
+            if guard is not None:
+                guard.check_gradient(grad_norm)
+            guarded_step(self.optimizer, guard)
+        if guard is not None:
+            guard.check_update([p for _, p in named_parameters(self.method.student)])
         self.optimizer.zero_grad(set_to_none=True)
         self.micro_step = 0
         self.set_gradient_sync(self.cfg.grad_accum == 1)
         return metrics
 
-    def ema(self, momentum: float) -> None:
+    def ema(self, momentum: float, guard: FiniteGuard | None = None) -> None:
         if self.method.teacher is None:
             raise RuntimeError("ema() called but the method has no teacher")
-        ema_update(self.method.teacher, self.method.student, momentum)
+        ema_update(self.method.teacher, self.method.student, momentum, None if guard is None else guard.bad)
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds; gradients counted at their size after backward (fp32, local shards)."""

@@ -44,8 +44,14 @@ class Method(abc.ABC):
     classifies = False  # the student ends in a class head: the loop validates it on data.val (`val_logits`)
 
     @abc.abstractmethod
-    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
-        """The scalar loss of one (micro-)batch on this rank and the metrics to log."""
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
+        """The scalar loss of one (micro-)batch on this rank and the metrics to log: detached tensors (or host
+        numbers), never read here, since the loop reads them on log steps only (the host must not wait for the
+        device in between)."""
+
+    def check_batch(self, batch: Batch) -> None:
+        """Checks of a batch while it is still on the host (before the step copies it to the device, where a
+        check would make the host wait); raises UserError naming the sample."""
 
     def val_logits(self, images: torch.Tensor) -> torch.Tensor:
         """The student's class logits [B, classes], for validation (methods with `classifies`)."""

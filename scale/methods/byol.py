@@ -42,12 +42,12 @@ class BYOL(Method):
         self.teacher = momentum_encoder(backbone_fn, projector, self.student)
         self.momentum = schedules.encoder_momentum(mc.momentum, mc.momentum_cosine, steps_per_epoch, total_steps)
 
-    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
         online, target = momentum_forward(self, batch, "BYOL", self.per_view_bn)
         p1, p2 = online["p"].chunk(2)
         z1, z2 = target["z"].chunk(2)
         loss = (regression(p1, z2) + regression(p2, z1)).mean()
-        return loss, {"loss": loss.item()}
+        return loss, {"loss": loss.detach()}
 
     def ema_momentum(self, ctx: StepContext) -> float:
         return self.momentum(ctx.step)

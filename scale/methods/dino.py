@@ -48,6 +48,11 @@ def pair_mask(teacher_views: int, student_views: int, device=None) -> torch.Tens
     return mask
 
 
+def pair_count(teacher_views: int, student_views: int) -> int:
+    """How many pairs `pair_mask` keeps."""
+    return teacher_views * student_views - min(teacher_views, student_views)
+
+
 def cross_entropy_pairs(
     student_logits: torch.Tensor, targets: torch.Tensor, student_temp: float, teacher_views: int, student_views: int
 ) -> torch.Tensor:
@@ -58,7 +63,8 @@ def cross_entropy_pairs(
     batch = pt.shape[1]
     ce = -torch.einsum("tbk,sbk->ts", pt, log_ps) / batch  # [V_t, V_s]
     mask = pair_mask(teacher_views, student_views, ce.device)
-    return ce[mask].mean()
+    # a masked sum over a count known on the host (indexing by the mask would wait for the device on a GPU)
+    return torch.where(mask, ce, 0.0).sum() / pair_count(teacher_views, student_views)
 
 
 def mse_pairs(
@@ -68,8 +74,8 @@ def mse_pairs(
     paper does not spell out the MSE; this keeps everything else of DINO, including the temperatures.)"""
     ps = F.softmax(student_logits.float() / student_temp, dim=-1).unflatten(0, (student_views, -1))
     pt = targets.unflatten(0, (teacher_views, -1))
-    mask = pair_mask(teacher_views, student_views, ps.device)
-    terms = [((pt[i] - ps[v]) ** 2).sum(-1).mean() for i, v in mask.nonzero().tolist()]
+    pairs = [(i, v) for i in range(teacher_views) for v in range(student_views) if i != v]  # pair_mask's
+    terms = [((pt[i] - ps[v]) ** 2).sum(-1).mean() for i, v in pairs]
     return torch.stack(terms).mean()
 
 
@@ -139,13 +145,13 @@ class Dino(Method):
             loss = mse_pairs(student_logits, targets, self.cfg.student_temp, n_teacher, n_student)
         else:
             loss = ce
-        h = entropy(targets)
+        h = entropy(targets).detach()
         if self.cfg.centering == "center":
             self.center = updated_center(self.center, teacher_logits, self.cfg.center_momentum, self.dp_group)
         # H(P_t, P_s) = h(P_t) + KL(P_t || P_s) (paper Eq. 5); every teacher view is in the same number of pairs
-        return loss, {"teacher_entropy": h.item(), "teacher_student_kl": (ce.detach() - h).item()}
+        return loss, {"teacher_entropy": h, "teacher_student_kl": ce.detach() - h}
 
-    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
         n_teacher, n_student = batch.views_per_group[0], sum(batch.views_per_group)
         with torch.no_grad():
             teacher = self.teacher(batch.crops[:1], region=False)
@@ -153,7 +159,7 @@ class Dino(Method):
         self.monitor_features = teacher["pooled"][: batch.batch_size].detach()
         student_logits = self.student(batch.crops, region=False)["logits"]
         loss, metrics = self.view_loss(student_logits, teacher_logits, self.temperature(ctx), n_teacher, n_student)
-        return loss, {"loss": loss.item(), "teacher_temp": self.temperature(ctx), **metrics}
+        return loss, {"loss": loss.detach(), "teacher_temp": self.temperature(ctx), **metrics}
 
     def ema_momentum(self, ctx: StepContext) -> float:
         return 0.0 if self.cfg.teacher == "copy" else self.momentum(ctx.step)

@@ -166,7 +166,7 @@ class Drloc(Supervised):
             positions.append((pos1, pos2, k))
         return pairs, positions
 
-    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
         dc = self.drloc
         images, labels = self.inputs(batch)
         out = self.student(images, drloc_sampler=self.sampler)
@@ -183,4 +183,4 @@ class Drloc(Supervised):
             )
         loc = torch.stack(terms).sum()
         loss = ce + lambda_at(dc, ctx.epoch) * loc
-        return loss, {"loss": loss.item(), "ce_loss": ce.item(), "drloc_loss": loc.item()}
+        return loss, {"loss": loss.detach(), "ce_loss": ce.detach(), "drloc_loss": loc.detach()}

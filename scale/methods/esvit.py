@@ -23,7 +23,7 @@ from torch.autograd.function import once_differentiable
 from scale.data.batch import Batch
 from scale.methods import distributed
 from scale.methods.base import StepContext
-from scale.methods.dino import Dino, pair_mask
+from scale.methods.dino import Dino, pair_count
 from scale.methods.nets import MultiCropNet
 
 WORK_ELEMENTS = 2**18  # elements of one chunk of rows (1 MiB in fp32: the work buffers stay in cache)
@@ -153,15 +153,15 @@ def region_loss_pairs(
     total (see SoftTargetCrossEntropy)."""
     if isinstance(teacher_targets, torch.Tensor):
         teacher_targets = probability_rows(teacher_targets)
-    mask = pair_mask(len(teacher_tokens), len(student_tokens))
-    pairs = int(mask.sum())
+    pairs = pair_count(len(teacher_tokens), len(student_tokens))
     teacher_first = [sum(t.shape[0] * t.shape[1] for t in teacher_tokens[:i]) for i in range(len(teacher_tokens))]
     segments, first = [], 0
     for v, tokens in enumerate(student_tokens):
         batch, n = tokens.shape[:2]
         index = [
             flat_rows(match_tokens(tokens, teacher_tokens[i]), teacher_tokens[i].shape[1], teacher_first[i])
-            for i in mask[:, v].nonzero().flatten().tolist()
+            for i in range(len(teacher_tokens))
+            if i != v  # the pairs of pair_mask, listed on the host
         ]
         segments.append((first, 1.0 / (pairs * batch * n), index))
         first += batch * n
@@ -185,7 +185,7 @@ class Esvit(Dino):
     def region_active(self, ctx: StepContext) -> bool:
         return ctx.epoch >= self.cfg.region_from_epoch
 
-    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
         region = self.region_active(ctx)
         n_teacher, n_student = batch.views_per_group[0], sum(batch.views_per_group)
         temp = self.temperature(ctx)
@@ -197,7 +197,7 @@ class Esvit(Dino):
         student = self.student(batch.crops, region=region)
         view, metrics = self.view_loss(student["logits"], teacher["logits"], temp, n_teacher, n_student)
         if not region:
-            return view, {"loss": view.item(), "view_loss": view.item(), "teacher_temp": temp, **metrics}
+            return view, {"loss": view.detach(), "view_loss": view.detach(), "teacher_temp": temp, **metrics}
 
         w = self.cfg.region_weight
         # overwrites student["region_logits"] with the gradient of w * region_loss (see SoftTargetCrossEntropy)
@@ -212,9 +212,9 @@ class Esvit(Dino):
         self.region_center = region_center
         loss = (1 - w) * view + w * region_loss
         return loss, {
-            "loss": loss.item(),
-            "view_loss": view.item(),
-            "region_loss": region_loss.item(),
+            "loss": loss.detach(),
+            "view_loss": view.detach(),
+            "region_loss": region_loss.detach(),
             "teacher_temp": temp,
             **metrics,
         }

@@ -43,7 +43,7 @@ class MocoV2(Method):
         self.queue_ptr = torch.zeros((), dtype=torch.long, device="cpu")
         self.pending_keys: torch.Tensor | None = None  # the last loss() call's gathered keys, not yet in the queue
 
-    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
         queries, keys = momentum_forward(self, batch, "MoCo v2", False)
         q1, q2 = queries["z"].chunk(2)
         k1, k2 = keys["z"].chunk(2)
@@ -58,7 +58,7 @@ class MocoV2(Method):
         self.pending_keys = distributed.all_gather_nograd(
             F.normalize(torch.cat([k1, k2]).float(), dim=1), self.dp_group
         )
-        return loss, {"loss": loss.item()}
+        return loss, {"loss": loss.detach()}
 
     def _enqueue_pending(self) -> None:
         """Replace the oldest queue entries with the pending keys of every rank (after they served as positives)."""

@@ -79,14 +79,14 @@ class MocoV3(Method):
         self.teacher = momentum_encoder(backbone_fn, projector, self.student)
         self.momentum = schedules.encoder_momentum(mc.momentum, mc.momentum_cosine, steps_per_epoch, total_steps)
 
-    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
         queries, keys = momentum_forward(self, batch, "MoCo v3", self.per_view_bn)
         q1, q2 = queries["p"].chunk(2)
         k1, k2 = keys["z"].chunk(2)
         self.monitor_features = keys["pooled"][: batch.batch_size].detach()
         tau = self.cfg.temperature
         loss = contrastive(q1, k2, tau, self.dp_group) + contrastive(q2, k1, tau, self.dp_group)
-        return loss, {"loss": loss.item()}
+        return loss, {"loss": loss.detach()}
 
     def ema_momentum(self, ctx: StepContext) -> float:
         return self.momentum(ctx.step)

@@ -53,8 +53,8 @@ class SimCLR(Method):
             ),
         )
 
-    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
         check_two_views(batch, "SimCLR")
         z1, z2 = self.student(batch.crops[:1], batch.views_per_group[:1], self.per_view_bn)["z"].chunk(2)
         loss = nt_xent(z1, z2, self.cfg.temperature, self.dp_group)
-        return loss, {"loss": loss.item()}
+        return loss, {"loss": loss.detach()}

@@ -51,9 +51,12 @@ class Supervised(Method):
     def _build(self, backbone: nn.Module, head: nn.Module) -> ClassifierNet:
         return ClassifierNet(backbone, head)
 
+    def check_batch(self, batch: Batch) -> None:
+        check_labels(batch, self.num_classes)
+
     def inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Images and (soft, with Mixup/CutMix) targets."""
-        images, labels = batch.crops[0], check_labels(batch, self.num_classes)
+        images, labels = batch.crops[0], batch.labels.long()  # checked on the host by check_batch
         if self.mixup is None:
             return images, labels
         if images.shape[0] % 2:
@@ -68,7 +71,7 @@ class Supervised(Method):
     def val_logits(self, images: torch.Tensor) -> torch.Tensor:
         return self.student(images)["logits"]
 
-    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
         images, targets = self.inputs(batch)
         loss = self.classification_loss(self.student(images)["logits"], targets)
-        return loss, {"loss": loss.item()}
+        return loss, {"loss": loss.detach()}

@@ -31,7 +31,7 @@ class SwAV(Method):
             prototypes=Prototypes(mc.dim, mc.swav_prototypes),
         )
 
-    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
         scores = self.student(batch.crops, batch.views_per_group, self.per_view_bn)["scores"]
         n_global, n_views = batch.views_per_group[0], sum(batch.views_per_group)
         global_scores = scores[: scores.shape[0] // n_views * n_global].detach()
@@ -42,7 +42,7 @@ class SwAV(Method):
             ]
         )
         loss = cross_entropy_pairs(scores, codes, self.cfg.swav_temperature, n_global, n_views)
-        return loss, {"loss": loss.item()}
+        return loss, {"loss": loss.detach()}
 
     def frozen_params(self, ctx: StepContext) -> Callable[[str], bool] | None:
         if ctx.step < self.cfg.swav_freeze_prototypes_steps:

@@ -17,11 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from scale.config import load_recipe, recipe_name
 from scale.config.schema import Recipe
+from scale.engine.kinds import KINDS as ENGINE_KINDS
 from scale.errors import UserError
 from scale.recipes.provenance import source_errors, written_keys
 
 MISSING_PREFIX = "missing:"
-ENGINE_MODULES = {"ddp": "scale.engine.ddp", "fsdp2": "scale.engine.fsdp", "deepspeed": "scale.engine.deepspeed"}
 IN1K_CLASSES = 1000  # DRLoc quotes the original papers' counts: backbone + ImageNet-1K classifier
 
 
@@ -46,7 +46,7 @@ def missing_pieces(cfg: DictConfig) -> list[str]:
         missing.append(f"method '{cfg.method.kind}' (method.kind; not in scale.methods)")
     elif cfg.method.kind == "mocov3" and cfg.method.moco.variant not in MOCO_VARIANTS:
         missing.append(f"framework '{cfg.method.moco.variant}' (method.moco.variant; not in scale.methods)")
-    module = ENGINE_MODULES.get(cfg.engine.kind)
+    module = ENGINE_KINDS[cfg.engine.kind][0] if cfg.engine.kind in ENGINE_KINDS else None
     if module is None or importlib.util.find_spec(module) is None:
         missing.append(f"engine '{cfg.engine.kind}' (engine.kind; no module {module or '?'})")
     for line in cfg.meta.notes.splitlines():

@@ -9,6 +9,7 @@ from torch import nn
 
 from scale.engine.convert import convert_modules
 from scale.engine.cpu_bf16_conv import CpuSafeConv2d, guard_cpu_bf16_convs, hits_cpu_bf16_bug
+from scale.engine.parallel import ParallelContext
 from scale.engine.precision import resolve_precision
 from scale.models.resnet import resnet_nano
 
@@ -70,10 +71,11 @@ def test_guard_leaves_other_convolutions_alone():
 
 def test_engines_guard_the_student_on_cpu_in_bf16_only():
     engine_cfg = OmegaConf.create({"sync_bn": True, "activation_checkpointing": "none", "ac_every_n": 1})
+    two_ranks = ParallelContext(0, 2, 0, "127.0.0.1", 0, "single", shard_size=2, dp_size=2)
     for precision, guarded in (("bf16", True), ("fp32", False)):
         method = SimpleNamespace(student=resnet_nano(None, 0.0), teacher=None)
         before = set(method.student.state_dict())
-        convert_modules(method, engine_cfg, resolve_precision(precision, torch.device("cpu")), world_size=2)
+        convert_modules(method, engine_cfg, resolve_precision(precision, torch.device("cpu")), two_ranks)
         convs = [m for m in method.student.modules() if isinstance(m, nn.Conv2d)]
         assert convs and all(isinstance(m, CpuSafeConv2d) == guarded for m in convs)
         assert set(method.student.state_dict()) == before

@@ -8,6 +8,7 @@ import pytest
 import torch
 from engine_toy import ToyMethod, context, make_batch, optim_config
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from scale.engine.activation import apply_activation_checkpointing, blocks_to_checkpoint
 from scale.engine.clip import clip_gradients
@@ -233,3 +234,36 @@ def test_gradient_accumulation_counts_backward_calls():
             pass
     engine.check_accumulated()
     assert engine.micro_step == 2
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def recomputed_in_backward(net: nn.Module) -> dict[str, int]:
+    """Forward ops that run again during backward (the toy's blocks: LayerNorm, Linear)."""
+    out = net(make_batch(0).crops[0]).sum()
+    with OpCounter() as counter:
+        out.backward()
+    return {op: counter.counts.get(op, 0) for op in ("native_layer_norm", "addmm")}
+
+
+def test_selective_checkpointing_keeps_matmuls_recomputes_the_rest():
+    plain = ToyMethod(depth=4).student
+    full, selective = copy.deepcopy(plain), copy.deepcopy(plain)
+    apply_activation_checkpointing(full, "full", 1)
+    assert apply_activation_checkpointing(selective, "selective", 1) == 4
+    assert recomputed_in_backward(copy.deepcopy(plain)) == {"native_layer_norm": 0, "addmm": 0}
+    assert recomputed_in_backward(copy.deepcopy(full)) == {"native_layer_norm": 4, "addmm": 4}
+    assert recomputed_in_backward(copy.deepcopy(selective)) == {"native_layer_norm": 4, "addmm": 0}
+    _, grads_plain = saved_tensor_count_and_grads(plain)
+    _, grads_selective = saved_tensor_count_and_grads(selective)
+    for name, grad in grads_plain.items():
+        torch.testing.assert_close(grads_selective[name], grad, rtol=0, atol=1e-7)

@@ -282,8 +282,8 @@ def test_supervised_trains_and_mixup_runs():
     assert targets.shape == (8, 4) and torch.allclose(targets.sum(-1), torch.ones(8))
     bad = make_batch(n_global=1)
     bad.labels[3] = 9
-    with pytest.raises(UserError, match="img3"):
-        mixed.loss(bad, StepContext(0, 0, STEPS_PER_EPOCH, 1000))
+    with pytest.raises(UserError, match="img3"):  # checked on the host, before the step copies it to the device
+        mixed.check_batch(bad)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,94 @@
+"""The non-finite guard: a sticky flag on the device that the optimizer step and the EMA honour, read by the host
+only on log steps and before checkpoints (as GradScaler's found-inf, which fused AdamW skips its update on).
+
+A step is bad when, on any rank,
+- its loss is not finite (any micro-batch): checked and all-reduced before the update, which is then skipped;
+- its gradient norm is not finite (the gradients overflowed; not under fp16 loss scaling, where the scaler skips
+  such steps and lowers its scale): checked before the update, which is skipped;
+- the update overflowed: the sum of squares of the parameters after the step is not finite in fp32, i.e. some
+  weight grew beyond about 1e19 (an absurd learning rate, overflow inside the optimizer). That update is already
+  applied; the run stops at the next read and writes no checkpoint, so none ever holds it.
+Once set, the flag stays set: later updates and EMA steps are skipped too, until the host reads it and stops the run.
+The first bad step (0-based) and its kind are kept on the device beside the flag.
+"""
+
+import torch
+import torch.distributed as dist
+
+from scale.engine.params import local
+
+KINDS = {1: "non-finite loss", 2: "non-finite gradient norm", 3: "overflowing update (parameters beyond fp32 range)"}
+LOSS, GRADIENT, UPDATE = 1, 2, 3
+_NONE = 2**62  # "no bad step" in the min-reduced first-bad code
+
+
+class FiniteGuard:
+    def __init__(self, device: torch.device, group: dist.ProcessGroup | None = None):
+        """`group`: the ranks that agree on the flag (the data-parallel group, every rank; None: this process)."""
+        self.group = group
+        self.step = 0  # the step being checked (0-based), set by `begin`
+        self.bad = torch.zeros((), dtype=torch.float32, device=device)  # 0 or 1; the optimizers' found_inf
+        self.first = torch.full((), _NONE, dtype=torch.int64, device=device)  # step * 4 + kind
+
+    def begin(self, step: int) -> None:
+        self.step = step
+
+    def _mark(self, kind: int, bad_now: torch.Tensor) -> None:
+        code = torch.where(bad_now, self.step * 4 + kind, _NONE)
+        torch.minimum(self.first, code, out=self.first)
+        torch.maximum(self.bad, bad_now.float(), out=self.bad)
+
+    def check_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        """Before the update: fold this step's losses into the flag and agree on it across ranks (one all-reduce
+        of a scalar, no host wait). Returns the flag for the optimizer step."""
+        bad_now = ~torch.isfinite(torch.stack([loss.detach().float() for loss in losses]).sum())
+        self._mark(LOSS, bad_now)
+        if self.group is not None and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(self.bad, op=dist.ReduceOp.MAX, group=self.group)
+        return self.bad
+
+    def check_gradient(self, grad_norm: torch.Tensor) -> None:
+        self._mark(GRADIENT, ~torch.isfinite(grad_norm))
+
+    @torch.no_grad()
+    def check_update(self, params: list[torch.Tensor]) -> None:
+        """After the update: the fp32 sum of squares of this rank's parameters (local shards) overflows or is NaN."""
+        locals_ = [local(p.detach()) for p in params]
+        if not locals_:
+            return
+        sq = torch.stack(torch._foreach_norm(locals_)).float().pow(2).sum()
+        self._mark(UPDATE, ~torch.isfinite(sq))
+
+    def read(self) -> tuple[int, str] | None:
+        """Collective, a host read: None when every step so far was good on every rank, else the first bad
+        step (0-based) over all ranks and what went wrong."""
+        state = torch.stack([self.bad.to(torch.int64), -self.first])
+        if self.group is not None and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(
+                state, op=dist.ReduceOp.MAX, group=self.group
+            )  # max of -first: the earliest bad step of any rank
+        bad, neg_first = state.tolist()
+        if not bad:
+            return None
+        code = -neg_first
+        return code // 4, KINDS[code % 4]
+
+    def is_first_rank(self, step: int) -> bool:
+        """Whether this rank saw the first bad step itself (a host read; call after `read` found one)."""
+        return int(self.first) // 4 == step
+
+
+def guarded_step(optimizer: torch.optim.Optimizer, guard: FiniteGuard | None) -> None:
+    """optimizer.step(), skipped when the guard's flag is set: on the device by the optimizers that take a found_inf
+    (torch's fused AdamW, Adam and SGD skip their whole update in the kernel, step counts included), otherwise after
+    a host read of the flag (timm's LARS and LAMB: one wait per step)."""
+    if guard is None:
+        optimizer.step()
+    elif getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf = guard.bad
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif not guard.bad.item():
+        optimizer.step()

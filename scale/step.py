@@ -1,0 +1,156 @@
+"""The training step, built once: the training loop, `scale bench` and the memory report build it here and run
+the same `TrainStep.__call__`.
+
+The host never waits for the device inside a step: metrics stay tensors on the device (`read_record` copies them
+to the host, on log steps), the non-finite check is a flag on the device that the optimizer step and the EMA
+honour (scale.engine.guard), read by the loop on log steps and before checkpoints.
+"""
+
+import contextlib
+import time
+from collections.abc import Callable
+
+import torch
+from omegaconf import DictConfig
+
+from scale.checkpoint.init import load_backbone_weights
+from scale.data.batch import Batch, split_batch
+from scale.engine import build_engine
+from scale.engine.dist import DistInfo, seed_everything
+from scale.engine.guard import FiniteGuard
+from scale.engine.parallel import as_parallel
+from scale.errors import UserError
+from scale.methods import build_method
+from scale.methods.base import StepContext
+from scale.monitors import Monitors
+from scale.optim import apply_schedule
+from scale.schedules import lr_schedule, wd_schedule
+
+
+def no_phase(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+class TrainStep:
+    """Everything one step uses, built in this order: seeded RNGs, the loader, the method, the engine with the
+    method's modules set up (`init_weights` loaded into them when given), the schedules, the monitors and the
+    non-finite guard. `max_schedule_steps_per_epoch` caps the steps per epoch the schedules cover (scale.bench:
+    its small batches would make ImageNet-long schedule arrays). `phase` is entered around the forward, backward
+    and optimizer parts of every step (scale.bench sets a timer)."""
+
+    def __init__(
+        self,
+        cfg: DictConfig,
+        info: DistInfo,
+        device: torch.device,
+        make_loader: Callable[[], object],
+        init_weights: str = "",
+        max_schedule_steps_per_epoch: int | None = None,
+        phase: Callable[[str], contextlib.AbstractContextManager] = no_phase,
+    ):
+        info = as_parallel(info, device, cfg.engine.shard_size)
+        self.cfg, self.info, self.device, self.phase = cfg, info, device, phase
+        seed_everything(cfg.train.seed, info.rank)
+        self.loader = make_loader()
+        self.steps_per_epoch = self.loader.steps_per_epoch
+        if max_schedule_steps_per_epoch is not None:
+            self.steps_per_epoch = min(self.steps_per_epoch, max_schedule_steps_per_epoch)
+        self.total_steps = cfg.train.epochs * self.steps_per_epoch
+        self.method = build_method(
+            cfg,
+            self.steps_per_epoch,
+            self.total_steps,
+            device="meta" if cfg.engine.meta_init else None,
+            dp_group=info.dp_group,
+        )
+        self.engine = build_engine(cfg.engine, cfg.optim, info, device)
+        if init_weights and not cfg.engine.meta_init:
+            load_backbone_weights(self.modules(), init_weights, sharded=False)
+        self.engine.setup(self.method)
+        if init_weights and cfg.engine.meta_init:
+            if cfg.engine.kind != "fsdp2":
+                raise UserError("train.init_weights with engine.meta_init needs engine.kind=fsdp2")
+            load_backbone_weights(self.modules(), init_weights, sharded=True)
+        self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
+        self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
+        self.monitors = Monitors(cfg, device, info.dp_group)
+        self.guard = FiniteGuard(device, info.dp_group)
+
+    def modules(self) -> list:
+        return [m for m in (self.method.student, self.method.teacher) if m is not None]
+
+    def batches(self):
+        """Batches across epochs: the loader yields one epoch per iteration, from its saved position."""
+        while True:
+            yield from self.loader
+
+    def next_batch(self, batches) -> tuple[Batch, float]:
+        start = time.perf_counter()
+        batch = next(batches)
+        self.method.check_batch(batch)
+        batch = batch.to(self.device)
+        return batch, time.perf_counter() - start
+
+    def context(self, step: int) -> StepContext:
+        return StepContext(
+            step=step,
+            epoch=step // self.steps_per_epoch,
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+        )
+
+    def __call__(self, step: int, batch: Batch) -> dict:
+        """One optimizer step over `batch` (split into engine.grad_accum micro-batches). Returns the step's
+        record; its tensor values are read on the host by `read_record`."""
+        ctx = self.context(step)
+        lr, wd = self.lr(step), self.weight_decay(step)
+        apply_schedule(self.engine.optimizer.param_groups, lr, wd)
+        self.guard.begin(step)
+        started = time.perf_counter()
+        totals: dict = {}
+        losses = []
+        micro_batches = split_batch(batch, self.cfg.engine.grad_accum)
+        for micro in micro_batches:
+            with self.phase("forward"), self.engine.autocast():
+                loss, metrics = self.method.loss(micro, ctx)
+            losses.append(loss.detach())
+            with self.phase("backward"):
+                self.engine.backward(loss)
+            for key, value in {"loss": loss.detach(), **metrics}.items():
+                totals[key] = totals.get(key, 0.0) + value / len(micro_batches)
+        # any rank's non-finite loss: no update (on the device, or read here by an engine whose step waits anyway)
+        self.guard.check_loss(losses)
+        if self.engine.syncs_each_step and self.guard.bad.item():
+            raise NonFiniteStep()
+        totals.update(self.monitors.after_backward(step, self.method.student))  # gradients are zeroed by the step
+        with self.phase("optimizer"):
+            totals.update(self.engine.step(self.method.frozen_params(ctx), self.guard))
+            momentum = self.method.ema_momentum(ctx)
+            if momentum is not None:
+                self.engine.ema(momentum, self.guard)
+        step_time = time.perf_counter() - started
+        totals.update(self.monitors.after_step(step, self.method.monitor_features, batch.labels))
+        return {
+            **totals,
+            "lr": lr,
+            "weight_decay": wd,
+            "epoch": ctx.epoch,
+            "step_time_s": step_time,
+            "images_per_s": self.cfg.train.global_batch / step_time,
+            **({"teacher_momentum": momentum} if momentum is not None else {}),
+        }
+
+
+class NonFiniteStep(Exception):
+    """Raised inside a step by engines that read the guard on the host each step; the loop reads the guard and
+    stops the run with its message."""
+
+
+def read_record(record: dict) -> dict:
+    """The record with its tensors read on the host: one copy for all of them (a log step's only wait)."""
+    names = [k for k, v in record.items() if torch.is_tensor(v)]
+    if not names:
+        return dict(record)
+    device = record[names[0]].device
+    values = torch.stack([record[k].detach().float().reshape(()).to(device) for k in names]).cpu().tolist()
+    return {**record, **dict(zip(names, values))}

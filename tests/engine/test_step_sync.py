@@ -1,0 +1,104 @@
+"""The training step never makes the host wait for the device between log steps: no `.item()`, `.tolist()`,
+`bool(tensor)` or host copy (each of them calls aten._local_scalar_dense, counted here), for every method under
+DDP and FSDP2 (one gloo process), multi-crop included."""
+
+import traceback
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from scale.bench.synthetic import SyntheticLoader
+from scale.config import load_recipe
+from scale.engine.dist import init_distributed, shutdown
+from scale.step import TrainStep, read_record
+
+TINY = {
+    "dino": ["data.views.n_local=[2]"],
+    "esvit": ["data.views.n_local=[2]", "method.dino.region_from_epoch=0"],
+    "mocov3": [],
+    "drloc": ["method.supervised.mixup=0.0"],
+}
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts host reads of tensor values, keeping where each happened: aten._local_scalar_dense (`.item()`,
+    `bool()`, `float()`, `.tolist()` of a device tensor) and, because a CPU tensor's `.tolist()` reads its memory
+    without dispatching an op, every Python call of `Tensor.tolist`."""
+
+    def __init__(self):
+        super().__init__()
+        self.places: list[str] = []
+
+    def _record(self) -> None:
+        self.places.append("".join(traceback.format_stack(limit=7)[:-2]))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self._record()
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        tolist = torch.Tensor.tolist
+
+        def counted(tensor):
+            self._record()
+            return tolist(tensor)
+
+        self._tolist, torch.Tensor.tolist = tolist, counted
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+
+@pytest.fixture(scope="module")
+def group():
+    info, device = init_distributed()
+    yield info, device
+    shutdown()
+
+
+def build_step(group, method: str, engine: str, *extra: str) -> TrainStep:
+    info, device = group
+    overrides = [
+        "train.global_batch=4",
+        f"engine.kind={engine}",
+        "train.knn_monitor_every=0",
+        "train.grad_monitor_every=0",
+        *TINY[method],
+        *extra,
+    ]
+    cfg = load_recipe(f"demo/{method}_tiny", overrides)
+    return TrainStep(cfg, info, device, lambda: SyntheticLoader(cfg, info.rank, info.world_size))
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("method", ["dino", "esvit", "mocov3", "drloc"])
+def test_no_host_sync_in_a_step(group, method, engine):
+    step = build_step(group, method, engine)
+    batches = step.batches()
+    step(0, step.next_batch(batches)[0])  # warm-up: lazily built state (DINO's center on the device, ...)
+    batch = step.next_batch(batches)[0]
+    with SyncCounter() as counter:
+        record = step(1, batch)
+    assert not counter.places, f"{len(counter.places)} host syncs in one step, first at:\n{counter.places[0]}"
+    assert step.guard.read() is None
+    assert torch.isfinite(torch.tensor(read_record(record)["loss"]))
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+def test_selective_checkpointing_trains_as_without(group, engine):
+    """Selective activation checkpointing composed with the engine and multi-crop: the same losses and weights."""
+    runs = []
+    for mode in ("none", "selective"):
+        step = build_step(group, "dino", engine, f"engine.activation_checkpointing={mode}")
+        batches = step.batches()
+        losses = [read_record(step(i, step.next_batch(batches)[0]))["loss"] for i in range(2)]
+        weights = {n: p.detach().clone() for n, p in step.method.student.named_parameters()}
+        runs.append((losses, weights))
+    (plain_losses, plain), (selective_losses, selective) = runs
+    assert selective_losses == pytest.approx(plain_losses, abs=1e-6)
+    for name, value in plain.items():
+        torch.testing.assert_close(selective[name], value, rtol=0, atol=1e-6, msg=name)
