@@ -114,7 +114,7 @@ def test_cli_build_and_verify(tmp_path, capsys):
 
 @pytest.mark.parametrize("damage", ["{not json", '{"members": [["000000000", {"jpg": 5}]]}', "shifted"])
 def test_corrupt_index_is_named_by_verify_and_the_loader(tmp_path, damage):
-    from scale.data.loader import build_loader
+    from scale.data.factory import build_loader
     from tests.data.helpers import tiny_cfg
 
     src = make_imagefolder(tmp_path / "src")
@@ -135,7 +135,7 @@ def test_corrupt_index_is_named_by_verify_and_the_loader(tmp_path, damage):
 
 def test_a_shard_deleted_during_the_run_counts_as_bad_samples_then_stops_naming_it(tmp_path):
     """Built shards have an .idx, so the loader opens the tar only when it reads a sample."""
-    from scale.data.loader import build_loader
+    from scale.data.factory import build_loader
     from tests.data.helpers import tiny_cfg
 
     build_shards(imagefolder(make_imagefolder(tmp_path / "src")), tmp_path / "out", shard_size=3, progress=False)
