@@ -12,7 +12,7 @@ from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.factory import build_loader
 from scale.engine.dist import DistInfo, detect, init_distributed, shutdown
-from scale.engine.parallel import ParallelContext, parallel_context
+from scale.engine.parallel import ParallelContext, as_parallel, parallel_context
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.eval.classify import Validation
 from scale.faults import maybe_inject
@@ -67,7 +67,9 @@ def train_loader(cfg: DictConfig, info: ParallelContext):
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, run: RunDir, info: ParallelContext, device: torch.device):
+    def __init__(self, cfg: DictConfig, run: RunDir, info: DistInfo, device: torch.device):
+        """`info`: the run's ParallelContext (or a DistInfo, from which one is built for engine.shard_size)."""
+        info = as_parallel(info, device, cfg.engine.shard_size)
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
