@@ -17,6 +17,8 @@ from scale.cli import main
 from scale.config import load_recipe
 from tests.engine.engine_toy import all_ranks, spawn
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))
 WORLD, GPUS_PER_NODE, IMAGES = 4, 2, 2  # images per rank
 ENGINES = {"ddp": {"engine.kind": "ddp"}, "fsdp2": {"engine.kind": "fsdp2"}, "hsdp": {"engine.shard_size": 2}}

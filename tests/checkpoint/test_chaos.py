@@ -10,8 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.checkpoint.test_resume import OVERRIDES, assert_same_state, final_state, losses, reference  # noqa: F401
 from tests.helpers_run import clean_env, embedded_data, run_train  # noqa: F401
+
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
 
 def ranks_of(launcher: int) -> list[int]:

@@ -17,6 +17,8 @@ from scale.cli import main as cli
 from tests.checkpoint.test_resume import OVERRIDES, assert_same_state, final_state, reference  # noqa: F401
 from tests.helpers_run import TINY, embedded_data, run_train  # noqa: F401
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 
 class Marker:
     """Unpickling it creates the marker file: what a crafted checkpoint would do instead."""

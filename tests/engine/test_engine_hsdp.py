@@ -7,6 +7,8 @@ import torch
 from engine_real import real_jobs
 from engine_toy import spawn
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 STEPS = 5
 
 

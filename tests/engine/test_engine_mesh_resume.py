@@ -6,6 +6,8 @@ import pytest
 import torch
 from engine_toy import ToyMethod, engine_run, load_and_finish, reference_run, spawn
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 SPLIT = 3  # steps before the checkpoint
 HSDP_2X2, FLAT_4 = {"kind": "fsdp2", "shard_size": 2}, {"kind": "fsdp2"}
 # parameters only: BatchNorm statistics are per rank (no SyncBN on CPU), as in the parity tests

@@ -19,6 +19,8 @@ from scale.step import TrainStep
 from scale.train import Trainer
 from tests.helpers_run import embedded_data  # noqa: F401
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 TINY = [
     "train.global_batch=4",
     "data.views.n_local=[2]",

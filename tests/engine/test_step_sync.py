@@ -13,6 +13,8 @@ from scale.config import load_recipe
 from scale.engine.dist import init_distributed, shutdown
 from scale.step import TrainStep, read_record
 
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
 TINY = {
     "dino": ["data.views.n_local=[2]"],
     "esvit": ["data.views.n_local=[2]", "method.dino.region_from_epoch=0"],
