@@ -1,5 +1,6 @@
 """Save and resume everything a run needs: engine state (student, teacher, optimizer, loss scaler), method state
-(centers, queues), the loader's global sample position, the step, every rank's RNG and the loop's monitors.
+(centers, queues), the loader's global sample position, the step, every rank's RNG and data counters (data/samples,
+data/errors, the error budget's count) and the loop's monitors.
 
 DDP and FSDP2 go through torch.distributed.checkpoint (sharded files, loadable on another world size); DeepSpeed
 writes its own files. Either way the step directory is sealed by CheckpointStore, so a kill mid-write is harmless.
@@ -29,6 +30,7 @@ from scale.faults import maybe_inject
 
 log = logging.getLogger(__name__)
 MONITORS_FILE = "monitors.pt"
+COUNTERS_DIR = "data_counters"  # rankN.json: the loader's counters (data/samples, data/errors, the error budget)
 
 
 # what a rank found when it read its share of a checkpoint's files; the ranks agree on the worst
@@ -75,6 +77,9 @@ class Checkpointer:
         }
         (staging / "rng").mkdir(exist_ok=True)
         torch.save(rng.capture(), staging / "rng" / f"rank{self.info.rank}.pt")
+        # per rank, like the RNG: DCP keeps one rank's copy of a non-tensor item, and the counters differ by rank
+        (staging / COUNTERS_DIR).mkdir(exist_ok=True)
+        (staging / COUNTERS_DIR / f"rank{self.info.rank}.json").write_text(json.dumps(self.loader.counters()))
         monitors = self.monitors.state_dict()  # a collective; then the same on every rank
         if self.info.is_main:
             torch.save(monitors, staging / MONITORS_FILE)
@@ -239,10 +244,40 @@ class Checkpointer:
             run_state = state["run"]
         self.method.load_state_dict(run_state["method"])
         self.loader.load_state_dict(run_state["loader"])
+        self.loader.load_counters(self._saved_counters(folder, meta))
         self._restore_rng(folder, meta)
         if (folder / MONITORS_FILE).exists():  # checkpoints written before the monitors were saved lack it
             self.monitors.load_state_dict(load_torch(folder / MONITORS_FILE))
         return int(run_state["step"])
+
+    def _saved_counters(self, folder: Path, meta: dict) -> dict:
+        """This rank's counters at the same world size; at another, an even share of every saved rank's. A
+        checkpoint written before the counters were saved has none: they start at 0."""
+        saved = {}
+        for path in sorted((folder / COUNTERS_DIR).glob("rank*.json")):
+            try:
+                state = json.loads(path.read_text())
+                if not isinstance(state, dict):
+                    raise ValueError(f"a JSON {type(state).__name__}, not an object")
+                saved[int(path.stem.removeprefix("rank"))] = state
+            except (OSError, ValueError) as err:
+                log.warning("data counters %s unreadable (%s): they start at 0", path, err)
+                return {}
+        if meta["world_size"] == self.info.world_size:
+            return saved.get(self.info.rank, {})
+        kinds = {kind for state in saved.values() for kind in state.get("errors", {})}
+        total = {
+            "samples": sum(state.get("samples", 0) for state in saved.values()),
+            "epoch_errors": sum(state.get("epoch_errors", 0) for state in saved.values()),
+            **{kind: sum(state.get("errors", {}).get(kind, 0) for state in saved.values()) for kind in kinds},
+        }
+        rank, size = self.info.rank, self.info.world_size
+        share = {key: n // size + (rank < n % size) for key, n in total.items()}
+        return {
+            "samples": share["samples"],
+            "epoch_errors": share["epoch_errors"],
+            "errors": {k: share[k] for k in kinds},
+        }
 
     def _restore_rng(self, folder: Path, meta: dict) -> None:
         own = folder / "rng" / f"rank{self.info.rank}.pt"
