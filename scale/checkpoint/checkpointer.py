@@ -1,13 +1,18 @@
 """Save and resume everything a run needs: engine state (student, teacher, optimizer, loss scaler), method state
-(centers, queues), the loader's global sample position, the step, every rank's RNG and the loop's monitors.
+(centers, queues), the loader's global sample position, the step, every rank's RNG and data counters (data/samples,
+data/errors, the error budget's count) and the loop's monitors.
 
 DDP and FSDP2 go through torch.distributed.checkpoint (sharded files, loadable on another world size); DeepSpeed
 writes its own files. Either way the step directory is sealed by CheckpointStore, so a kill mid-write is harmless.
+With train.async_save the write runs in the background and the directory is sealed as soon as it completes (a
+done-callback doing only file work on rank 0); the next save or close waits for that seal.
 """
 
 import json
 import logging
+import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,6 +30,7 @@ from scale.faults import maybe_inject
 
 log = logging.getLogger(__name__)
 MONITORS_FILE = "monitors.pt"
+COUNTERS_DIR = "data_counters"  # rankN.json: the loader's counters (data/samples, data/errors, the error budget)
 
 
 # what a rank found when it read its share of a checkpoint's files; the ranks agree on the worst
@@ -39,7 +45,8 @@ class Checkpointer:
         self.group = group
         self.cfg, self.info, self.engine, self.method, self.loader = cfg, info, engine, method, loader
         self.monitors = monitors
-        self._pending = None  # (step, future, meta) of an async save not yet sealed
+        self._pending = None  # (step, future, sealed event) of an async save the next save or close waits for
+        self._seal_error = None  # what went wrong sealing an async save, raised by wait()
         # async saves run collectives from a background thread: they get a process group of their own, so they
         # never interleave with the training step's collectives on the main group (which hangs gloo)
         self._async_group = dist.new_group(backend="gloo") if cfg.train.async_save and dist.is_initialized() else None
@@ -70,6 +77,9 @@ class Checkpointer:
         }
         (staging / "rng").mkdir(exist_ok=True)
         torch.save(rng.capture(), staging / "rng" / f"rank{self.info.rank}.pt")
+        # per rank, like the RNG: DCP keeps one rank's copy of a non-tensor item, and the counters differ by rank
+        (staging / COUNTERS_DIR).mkdir(exist_ok=True)
+        (staging / COUNTERS_DIR / f"rank{self.info.rank}.json").write_text(json.dumps(self.loader.counters()))
         monitors = self.monitors.state_dict()  # a collective; then the same on every rank
         if self.info.is_main:
             torch.save(monitors, staging / MONITORS_FILE)
@@ -84,7 +94,11 @@ class Checkpointer:
                 checkpoint_id=str(staging / "dcp"),
                 process_group=self._async_group,
             )
-            self._pending = (step, future, meta, started)
+            self.last_save_stall_s = time.perf_counter() - started
+            sealed = threading.Event()
+            self._pending = (step, future, sealed)
+            future.add_done_callback(partial(self._seal_written, step, meta, started, self.last_save_stall_s, sealed))
+            return
         else:
             dcp.save(
                 {"engine": self.engine.state_dict(), "run": self._run_state(step)},
@@ -95,32 +109,54 @@ class Checkpointer:
         self.last_save_stall_s = time.perf_counter() - started
 
     def wait(self) -> None:
-        """Finish and seal an async save still in flight."""
+        """Wait for an async save still in flight and its seal; then every rank goes on together."""
         if self._pending is None:
             return
-        step, future, meta, started = self._pending
+        step, future, sealed = self._pending
         self._pending = None
         future.result()
-        self._seal(step, meta, started)
+        sealed.wait()
+        error, self._seal_error = self._seal_error, None
+        if error is not None:
+            raise error
+        self._barrier()
+
+    def _seal_written(self, step: int, meta: dict, started: float, stall_s: float, sealed, future) -> None:
+        """Done-callback of an async save, on the thread that finished the write: seal it now, host work only (no
+        collective from this thread). When DCP's future is done on rank 0, every rank's files are on disk: its
+        coordinator writes .metadata only after gathering every rank's write results."""
+        try:
+            if future.exception() is None:
+                maybe_inject("save", step)
+                if self.info.is_main:
+                    self._commit(step, meta, time.perf_counter() - started, stall_s)
+        except Exception as err:  # raised on the main thread by wait()
+            self._seal_error = err
+        finally:
+            sealed.set()
 
     def _seal(self, step: int, meta: dict, started: float) -> None:
         self._barrier()  # every rank's files are on disk
         maybe_inject("save", step)
         if self.info.is_main:
-            final = self.store.commit(step, meta)
-            self._record(step, final, time.perf_counter() - started)
-            removed = self.store.retain(self.cfg.train.keep_last, self.cfg.train.keep_every)
-            log.info("checkpoint %s%s", final, f" (removed {len(removed)} old)" if removed else "")
+            total_s = time.perf_counter() - started
+            self._commit(step, meta, total_s, total_s)
         self._barrier()
 
-    def _record(self, step: int, folder: Path, total_s: float) -> None:
+    def _commit(self, step: int, meta: dict, save_s: float, stall_s: float) -> None:
+        final = self.store.commit(step, meta)
+        self._record(step, final, save_s, stall_s)
+        removed = self.store.retain(self.cfg.train.keep_last, self.cfg.train.keep_every)
+        log.info("checkpoint %s%s", final, f" (removed {len(removed)} old)" if removed else "")
+
+    def _record(self, step: int, folder: Path, save_s: float, stall_s: float) -> None:
         """One line per sealed checkpoint in checkpoints/saves.jsonl: size, time to disk, and how long training
         waited for it (the whole save when synchronous; the staging copy when asynchronous)."""
         record = {
             "step": step,
             "bytes": sum(self.store.read_meta(folder)["files"].values()),
-            "save_s": total_s,
-            "stall_s": self.last_save_stall_s if self.cfg.train.async_save else total_s,
+            "save_s": save_s,
+            "stall_s": stall_s,
             "async": bool(self.cfg.train.async_save),
         }
         with open(self.store.root / "saves.jsonl", "a") as f:
@@ -208,10 +244,40 @@ class Checkpointer:
             run_state = state["run"]
         self.method.load_state_dict(run_state["method"])
         self.loader.load_state_dict(run_state["loader"])
+        self.loader.load_counters(self._saved_counters(folder, meta))
         self._restore_rng(folder, meta)
         if (folder / MONITORS_FILE).exists():  # checkpoints written before the monitors were saved lack it
             self.monitors.load_state_dict(load_torch(folder / MONITORS_FILE))
         return int(run_state["step"])
+
+    def _saved_counters(self, folder: Path, meta: dict) -> dict:
+        """This rank's counters at the same world size; at another, an even share of every saved rank's. A
+        checkpoint written before the counters were saved has none: they start at 0."""
+        saved = {}
+        for path in sorted((folder / COUNTERS_DIR).glob("rank*.json")):
+            try:
+                state = json.loads(path.read_text())
+                if not isinstance(state, dict):
+                    raise ValueError(f"a JSON {type(state).__name__}, not an object")
+                saved[int(path.stem.removeprefix("rank"))] = state
+            except (OSError, ValueError) as err:
+                log.warning("data counters %s unreadable (%s): they start at 0", path, err)
+                return {}
+        if meta["world_size"] == self.info.world_size:
+            return saved.get(self.info.rank, {})
+        kinds = {kind for state in saved.values() for kind in state.get("errors", {})}
+        total = {
+            "samples": sum(state.get("samples", 0) for state in saved.values()),
+            "epoch_errors": sum(state.get("epoch_errors", 0) for state in saved.values()),
+            **{kind: sum(state.get("errors", {}).get(kind, 0) for state in saved.values()) for kind in kinds},
+        }
+        rank, size = self.info.rank, self.info.world_size
+        share = {key: n // size + (rank < n % size) for key, n in total.items()}
+        return {
+            "samples": share["samples"],
+            "epoch_errors": share["epoch_errors"],
+            "errors": {k: share[k] for k in kinds},
+        }
 
     def _restore_rng(self, folder: Path, meta: dict) -> None:
         own = folder / "rng" / f"rank{self.info.rank}.pt"

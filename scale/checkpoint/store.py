@@ -1,6 +1,6 @@
 """Checkpoint directories on disk: atomic commit, the `latest` pointer, retention, finding the newest good one.
 
-Layout: checkpoints/step_000001234/ (whatever the engine writes + rng/ + meta.json) and checkpoints/latest (a text
+Layout: checkpoints/step_000001234/ (whatever the engine writes + rng/ + data_counters/ + meta.json) and checkpoints/latest (a text
 file naming the newest step directory). A step directory is written under a `.tmp-` name and renamed when complete;
 meta.json (with every file's size) is written before the rename, and `latest` is replaced last. A kill at any
 moment therefore leaves the previous checkpoint loadable, and a partial or damaged directory is detectable.

@@ -51,8 +51,12 @@ def cmd_build(args) -> int:
     )
     print(
         f"wrote {manifest['num_samples']} samples in {len(manifest['shards'])} shards to {args.out}; "
-        f"skipped {manifest['num_skipped']} (see {Path(args.out) / manifest['skipped_report']})"
+        f"skipped {manifest['num_skipped']} input file(s) (listed with reasons in "
+        f"{Path(args.out) / manifest['skipped_report']})"
     )
+    empty = manifest["empty_classes"]
+    if empty:
+        print(f"{len(empty)} class(es) have no sample: {', '.join(empty)}")
     return 0
 
 

@@ -390,6 +390,17 @@ class Loader:
         out.update({f"data/errors_{kind}": n for kind, n in sorted(self.errors.items())})
         return out
 
+    def counters(self) -> dict:
+        """This rank's data counters (metrics and error budget); the checkpointer keeps them per rank, so that a
+        resumed run continues them instead of starting at 0."""
+        return {"samples": self.samples_seen, "epoch_errors": self.epoch_errors, "errors": dict(self.errors)}
+
+    def load_counters(self, state: dict) -> None:
+        """Counters from `counters()`; a missing key (a checkpoint written before they were saved) means 0."""
+        self.samples_seen = int(state.get("samples", 0))
+        self.epoch_errors = int(state.get("epoch_errors", 0))
+        self.errors = Counter({str(kind): int(n) for kind, n in state.get("errors", {}).items()})
+
     def state_dict(self) -> dict:
         return {
             "position": self.position,

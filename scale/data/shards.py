@@ -5,7 +5,7 @@ read any sample by its position; it is also the marker that the shard is complet
 same offsets in the format of DALI's webdataset reader, written at the end of this module) and the manifest `_info.json`:
 
     {"format": "scale-shards-1", "source": "...", "label_kind": "single" | "multi" | "none",
-     "classes": [names...], "num_samples": N, "num_skipped": K, "options": {...build options...},
+     "classes": [names...], "num_samples": N, "num_skipped": K, "empty_classes": [names...], "options": {...},
      "shards": [{"name": "shard-000000.tar", "count": n, "sha256": "...", "bytes": b, "index": "shard-000000.idx"}],
      "skipped_report": "_skipped.tsv"}
 
@@ -22,9 +22,10 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class Source:
     label_kind: str
     classes: list
     items: list
+    ignored: list = field(default_factory=list)  # (ref, reason): input files that are not images to use
 
 
 class BadImage(Exception):
@@ -151,7 +153,8 @@ def prepare_jpeg(data: bytes, max_side: int | None, quality: int) -> tuple[bytes
     except BadImage:
         raise
     except Exception as err:  # PIL raises many types (OSError, SyntaxError, ValueError, DecompressionBombError)
-        raise BadImage(f"{type(err).__name__}: {err}") from None
+        message = re.sub(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>", "", str(err))  # PIL names its BytesIO by address
+        raise BadImage(f"{type(err).__name__}: {message}") from None
 
 
 def encode_label(label, label_kind: str) -> dict:
@@ -289,7 +292,7 @@ def build_shards(
             records.append(_write_shard(job))
             bar.update(len(job[2]))
     bar.close()
-    skipped = [row for r in records for row in r["skipped"]]
+    skipped = [list(row) for row in source.ignored] + [row for r in records for row in r["skipped"]]
     _atomic_write_text(out_dir / SKIPPED_REPORT, "".join(f"{ref}\t{reason}\n" for ref, reason in skipped))
     manifest = {
         "format": FORMAT,
@@ -298,6 +301,7 @@ def build_shards(
         "classes": list(source.classes),
         "num_samples": sum(r["count"] for r in records),
         "num_skipped": len(skipped),
+        "empty_classes": _empty_classes(source, skipped),
         "options": options,
         "skipped_report": SKIPPED_REPORT,
         "shards": [
@@ -308,6 +312,18 @@ def build_shards(
     _atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=1))
     write_dali_indexes(out_dir, manifest)  # DALI's reader index (plain text; needs no DALI)
     return manifest
+
+
+def _empty_classes(source: Source, skipped: list) -> list:
+    """Names of the classes no written sample carries (a class folder with no usable image)."""
+    if source.label_kind == "none":
+        return []
+    dropped = {ref for ref, _ in skipped}
+    used = set()
+    for item in source.items:
+        if item.ref not in dropped:
+            used.update(item.label if isinstance(item.label, list) else [item.label])
+    return [name for i, name in enumerate(source.classes) if i not in used]
 
 
 # ---------------------------------------------------------------------------------------------------- reading shards

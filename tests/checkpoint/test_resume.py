@@ -23,7 +23,7 @@ COMMON = TINY + [
     "train.grad_monitor_every=1",
 ]
 OVERRIDES = COMMON + [f"train.max_steps={STEPS}"]
-MONITORED = ("knn_monitor_top1", "grad_norm_max_layer")
+MONITORED = ("knn_monitor_top1", "grad_norm_max_layer", "data/samples", "data/errors")
 
 
 def metric(run_dir, key: str = "loss") -> dict[int, float]:

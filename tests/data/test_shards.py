@@ -175,3 +175,27 @@ def test_image_modes_are_scaled_to_rgb_not_clipped(mode):
     data, _, _ = prepare_jpeg(buf.getvalue(), None, 95)
     pixels = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int32)
     assert np.abs(pixels - expected).max() <= 3, (mode, pixels[0, 0])
+
+
+def test_every_input_file_is_used_or_listed_with_a_reason_and_empty_classes_are_named(tmp_path, capsys):
+    src = make_imagefolder(tmp_path / "src")
+    Image.new("RGB", (20, 20), "blue").save(src / "cat" / "UPPER.JPEG", "JPEG")
+    Image.new("RGB", (20, 20), "blue").save(src / "dog" / "a.gif")
+    (src / "cat" / ".DS_Store").write_bytes(b"\0\1")
+    (src / "dog" / "notes.txt").write_text("hello")
+    (src / "README").write_text("stray")
+    (src / "empty").mkdir()
+    (src / "only_junk").mkdir()
+    (src / "only_junk" / "broken.png").write_bytes(b"junk")
+    assert main(["shards", "build", "--source", f"imagefolder:{src}", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "2 class(es) have no sample: empty, only_junk" in out
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest["empty_classes"] == ["empty", "only_junk"] and manifest["num_samples"] == 9
+    rows = dict(line.split("\t") for line in (tmp_path / "out" / "_skipped.tsv").read_text().splitlines())
+    assert set(rows) == {
+        str(src / n) for n in ("cat/.DS_Store", "dog/notes.txt", "README", "cat/broken.jpg", "only_junk/broken.png")
+    }
+    assert "hidden" in rows[str(src / "cat/.DS_Store")] and "'.txt'" in rows[str(src / "dog/notes.txt")]
+    assert "class folder" in rows[str(src / "README")] and "cannot identify" in rows[str(src / "cat/broken.jpg")]
+    assert not any(" at 0x" in reason for reason in rows.values())

@@ -1,0 +1,93 @@
+"""Checkpointer, single process with stand-in engine, method and loader: train.async_save seals a checkpoint as soon
+as its write completes; the loader's counters (data/samples, data/errors, the error budget) continue after a resume."""
+
+import json
+import shutil
+import time
+from collections import Counter
+
+import torch
+from omegaconf import OmegaConf
+
+from scale.checkpoint.checkpointer import COUNTERS_DIR, Checkpointer
+from scale.checkpoint.store import LATEST, META, file_sizes, step_name
+from scale.data.loader import Loader
+from scale.engine.dist import DistInfo
+
+
+class Stateful:
+    def __init__(self, **state):
+        self.state, self.native_checkpoint, self.steps_per_epoch = state, False, 10
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, state):
+        self.state = dict(state)
+
+
+class CountingLoader(Stateful):
+    """The real Loader's counters and metrics over a stand-in position."""
+
+    counters, load_counters, metrics = Loader.counters, Loader.load_counters, Loader.metrics
+
+    def __init__(self):
+        super().__init__(position=7)
+        self.samples_seen, self.epoch_errors, self.errors, self.empty_shards = 0, 0, Counter(), 0
+
+
+def checkpointer(root, weight, async_save=True, rank=0, world_size=1):
+    cfg = OmegaConf.create(
+        {
+            "train": {"async_save": async_save, "keep_last": 2, "keep_every": 0, "seed": 0},
+            "engine": {"kind": "ddp"},
+            "meta": {"name": "toy"},
+        }
+    )
+    info = DistInfo(rank=rank, world_size=world_size, local_rank=0, master_addr="", master_port=0, launcher="single")
+    engine = Stateful(w=weight)
+    return Checkpointer(root, cfg, info, engine, Stateful(c=1), CountingLoader(), Stateful(m=0)), engine
+
+
+def test_async_checkpoint_is_sealed_when_its_write_completes(tmp_path):
+    saver, _ = checkpointer(tmp_path, torch.arange(4.0))
+    saver.save(3)
+    deadline = time.monotonic() + 60  # a few KiB to write: the limit only bounds a failure
+    while not (tmp_path / LATEST).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # no next save and no close yet: sealed and resumable
+    assert (tmp_path / LATEST).exists(), "the finished async save was not sealed"
+    assert (tmp_path / LATEST).read_text().strip() == step_name(3) and (tmp_path / step_name(3)).is_dir()
+    loader, engine = checkpointer(tmp_path, torch.zeros(4))
+    assert loader.resume() == 3 and torch.equal(engine.state["w"], torch.arange(4.0))
+    saver.close()
+
+
+def test_resumed_run_continues_the_data_counters_and_error_budget(tmp_path):
+    saver, _ = checkpointer(tmp_path, torch.arange(4.0), async_save=False)
+    saver.loader.samples_seen, saver.loader.epoch_errors = 96, 3
+    saver.loader.errors.update({"corrupt": 2, "truncated": 1})
+    saver.save(3)
+    resumed, _ = checkpointer(tmp_path, torch.zeros(4), async_save=False)
+    assert resumed.resume() == 3
+    assert resumed.loader.metrics() == saver.loader.metrics() and resumed.loader.epoch_errors == 3
+    assert resumed.loader.metrics()["data/samples"] == 96 and resumed.loader.metrics()["data/errors"] == 3
+    # another world size (2 ranks resume what 1 saved): each rank takes an even share of the saved totals
+    shares = [
+        checkpointer(tmp_path, torch.zeros(4), rank=rank, world_size=2)[0]._saved_counters(
+            tmp_path / step_name(3), {"world_size": 1}
+        )
+        for rank in range(2)
+    ]
+    assert shares == [
+        {"samples": 48, "epoch_errors": 2, "errors": {"corrupt": 1, "truncated": 1}},
+        {"samples": 48, "epoch_errors": 1, "errors": {"corrupt": 1, "truncated": 0}},
+    ]
+    # a checkpoint written before the counters were saved: they start at 0
+    folder = tmp_path / step_name(3)
+    shutil.rmtree(folder / COUNTERS_DIR)
+    meta = json.loads((folder / META).read_text())
+    (folder / META).write_text(json.dumps({**meta, "files": file_sizes(folder)}))
+    old, _ = checkpointer(tmp_path, torch.zeros(4), async_save=False)
+    old.loader.samples_seen = 5
+    assert old.resume() == 3 and old.loader.metrics()["data/samples"] == 0 and old.loader.epoch_errors == 0
