@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from scale.eval.correspondence import second_view, top_matches  # noqa: E402
+from scale.viz.figures import save_figure  # noqa: E402
 from scale.viz.images import to_display  # noqa: E402
 
 
@@ -60,9 +61,4 @@ def correspondence_picture(backbones: dict, image: torch.Tensor, mean, std, top:
             ax.plot([x1, x2 + left.shape[1] + gap], [y1, y2], "o", color="white", markersize=2.5)
         ax.set_title(f"{label}: {int(found['correct'].sum())}/{len(found['correct'])} top matches at the mirror")
         ax.axis("off")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, title, out)

@@ -15,6 +15,16 @@ from scale.viz.images import to_display  # noqa: E402
 MASK_COLOUR = np.array([1.0, 0.25, 0.1])
 
 
+def save_figure(fig, title: str, out: Path) -> Path:
+    """Title, lay out, write `out` (its folder made) and free the figure."""
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def attention_figure(
     image: np.ndarray, rows: dict[str, tuple[np.ndarray, np.ndarray]], keep: float, title: str, out: Path
 ) -> Path:
@@ -35,12 +45,7 @@ def attention_figure(
             bottom[head + 1].imshow(overlay.clip(0, 1))
     for ax in axes.flat:
         ax.axis("off")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, title, out)
 
 
 def attention_picture(backbones: dict, image: torch.Tensor, mean, std, keep: float, title: str, out: Path) -> Path:
