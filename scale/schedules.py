@@ -30,15 +30,21 @@ def cosine(
     warmup_steps: int = 0,
     warmup_start: float = 0.0,
     warmup_endpoint: bool = True,
+    warmup_prefix: bool = True,
 ) -> Schedule:
     """Linear warmup from `warmup_start` to `base` over `warmup_steps`, then a half cosine from `base` to `final`
     (DINO's `cosine_scheduler`: value at step t after warmup = final + (base-final)/2 * (1 + cos(pi t / T))).
     `warmup_endpoint`: DINO's `np.linspace(start, base, warmup_iters)` reaches `base` at the last warmup step; False
-    gives start + (base - start) * t / warmup_steps, MoCo v3's `adjust_learning_rate` and timm's warmup (DRLoc)."""
+    gives start + (base - start) * t / warmup_steps, MoCo v3's `adjust_learning_rate` and timm's warmup (DRLoc).
+    `warmup_prefix` False: timm's CosineLRScheduler without `warmup_prefix`, whose cosine counts t from step 0 over
+    all `total_steps` (T = total_steps, t = the step itself) and whose warmup replaces its first steps."""
     warmup_steps = min(warmup_steps, total_steps)
     warmup = np.linspace(warmup_start, base, warmup_steps, endpoint=warmup_endpoint) if warmup_steps else np.zeros(0)
-    steps = np.arange(total_steps - warmup_steps)
-    decay = final + 0.5 * (base - final) * (1 + np.cos(np.pi * steps / max(len(steps), 1)))
+    if warmup_prefix:
+        steps, length = np.arange(total_steps - warmup_steps), max(total_steps - warmup_steps, 1)
+    else:
+        steps, length = np.arange(warmup_steps, total_steps), total_steps
+    decay = final + 0.5 * (base - final) * (1 + np.cos(np.pi * steps / length))
     return Schedule(np.concatenate([warmup, decay]))
 
 
@@ -82,11 +88,22 @@ def encoder_momentum(base: float, cosine: bool, steps_per_epoch: int, total_step
 
 
 def lr_schedule(optim, global_batch: int, steps_per_epoch: int, total_steps: int) -> Schedule:
-    """The learning rate of recipe section `optim` (OptimConfig): scaled base lr, linear warmup over
-    `warmup_epochs`, half cosine to `min_lr`."""
+    """The learning rate of recipe section `optim` (OptimConfig) at each step: scaled base lr, linear warmup over
+    `warmup_epochs`, cosine to `min_lr` over `lr_schedule_epochs` (default: the trained epochs). With `lr_step:
+    epoch` the schedule counts epochs and each epoch's steps share its value (timm's scheduler in DeiT); `lr_lag`
+    units late, its first value repeated (timm's scheduler sets the lr of the next step or epoch)."""
     peak = scaled_lr(optim.lr, global_batch, optim.ref_batch, optim.lr_scaling)
-    warmup_steps = int(round(optim.warmup_epochs * steps_per_epoch))
-    return cosine(peak, optim.min_lr, total_steps, warmup_steps, optim.warmup_start_lr, optim.warmup_endpoint)
+    units_per_epoch = 1 if optim.lr_step == "epoch" else steps_per_epoch
+    trained_epochs = total_steps / steps_per_epoch
+    span = math.ceil((optim.lr_schedule_epochs or trained_epochs) * units_per_epoch)
+    warmup = int(round(optim.warmup_epochs * units_per_epoch))
+    values = cosine(
+        peak, optim.min_lr, span, warmup, optim.warmup_start_lr, optim.warmup_endpoint, optim.warmup_prefix
+    ).values
+    values = np.concatenate([np.full(optim.lr_lag, values[0]), values])
+    if optim.lr_step == "epoch":
+        values = np.repeat(values, steps_per_epoch)
+    return Schedule(values)
 
 
 def wd_schedule(optim, total_steps: int) -> Schedule:

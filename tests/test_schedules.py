@@ -72,3 +72,41 @@ def test_lr_schedule_scales_with_batch():
     assert 1e-6 < lr(99) < 1e-5  # one step short of the end, as in DINO
     with pytest.raises(ValueError, match="lr_scaling"):
         schedules.scaled_lr(1.0, 1, 1, "cubic")
+
+
+def _timm_optim(**options) -> OptimConfig:
+    timm = dict(warmup_endpoint=False, warmup_prefix=False, lr_lag=1, weight_decay=0.05, weight_decay_end=0.05)
+    return OmegaConf.structured(OptimConfig(**{**timm, **options}))
+
+
+def test_deit_lr_per_epoch_one_epoch_late():
+    """DeiT main.py (MoCo v3 transfer command): lr 3e-4 * 1024 / 512, --warmup-epochs 3 from --warmup-lr 1e-6,
+    --min-lr 1e-5, 10 epochs. timm's CosineLRScheduler (t_in_epochs, no warmup_prefix) gives epoch t
+    1e-6 + t (6e-4 - 1e-6) / 3 for t < 3, else 1e-5 + (6e-4 - 1e-5) / 2 (1 + cos(pi t / 10)); main.py calls
+    lr_scheduler.step(epoch) after each epoch, so epoch e trains at value e - 1 and epoch 0 at the warm-up lr."""
+    optim = _timm_optim(lr=3e-4, ref_batch=512, warmup_epochs=3, warmup_start_lr=1e-6, min_lr=1e-5, lr_step="epoch")
+    lr = schedules.lr_schedule(optim, global_batch=1024, steps_per_epoch=4, total_steps=40)
+    by_epoch = {
+        0: 1e-6,
+        1: 1e-6,
+        2: 2.0066666666666665e-4,
+        3: 4.003333333333333e-4,
+        4: 4.7839664942627964e-4,  # 1e-5 + 2.95e-4 (1 + cos(0.3 pi))
+        9: 6.633998665939054e-5,  # value 8: 1e-5 + 2.95e-4 (1 + cos(0.8 pi))
+    }
+    for epoch, expected in by_epoch.items():
+        assert [lr(epoch * 4 + i) for i in range(4)] == pytest.approx([expected] * 4, rel=1e-12)
+
+
+def test_drloc_lr_spans_total_epochs_while_training_stops_early():
+    """DRLoc's main.py (Swin lr_scheduler.py): timm's CosineLRScheduler per iteration over TRAIN.EPOCHS =
+    --total_epochs, here 30 epochs of 2 steps (t_initial 60, warmup_t 4 from 1e-6), lr 5e-4 * 1024 / 512, min 1e-5;
+    training stops after 10 epochs. step_update(i) after update i sets update i + 1's lr."""
+    optim = _timm_optim(lr=5e-4, ref_batch=512, warmup_epochs=2, warmup_start_lr=1e-6, min_lr=1e-5)
+    optim.lr_schedule_epochs = 30
+    lr = schedules.lr_schedule(optim, global_batch=1024, steps_per_epoch=2, total_steps=20)
+    assert lr(0) == lr(1) == pytest.approx(1e-6)
+    assert lr(2) == pytest.approx(2.5075e-4, rel=1e-12)  # 1e-6 + 1 * (1e-3 - 1e-6) / 4
+    assert lr(5) == pytest.approx(9.891830623632338e-4, rel=1e-12)  # 1e-5 + 4.95e-4 (1 + cos(4 pi / 60))
+    assert lr(19) == pytest.approx(7.959536998847742e-4, rel=1e-12)  # the last trained step: cos(18 pi / 60)
+    assert lr(60) == pytest.approx(1e-5 + 4.95e-4 * (1 + math.cos(math.pi * 59 / 60)), rel=1e-12)  # the span's end

@@ -39,6 +39,17 @@ class OptimConfig:
     # True: the base lr is reached at the last warmup step (DINO's cosine_scheduler, np.linspace); False: at the
     # first step after it, lr * t / warmup (MoCo v3's main_moco.py, timm's scheduler in DRLoc)
     warmup_endpoint: bool = True
+    # True: the half cosine starts after the warm-up (DINO, MoCo v3); False: timm's CosineLRScheduler without
+    # warmup_prefix (DeiT, Swin/DRLoc): the cosine runs over the whole schedule and the warm-up replaces its start
+    warmup_prefix: bool = True
+    # epochs the lr schedule spans; None: train.epochs. DRLoc's main.py builds it over --total_epochs 300 and its
+    # loop stops at epoch 100, so the lr never decays fully
+    lr_schedule_epochs: int | None = at_least(None, 1)
+    # iteration: a new lr every step; epoch: one per epoch (timm's scheduler as DeiT's main.py steps it)
+    lr_step: str = choice("iteration", ["iteration", "epoch"])
+    # steps (or epochs, with lr_step: epoch) the lr trails its schedule, the first ones keeping its start: 1 for
+    # timm's scheduler as DeiT and Swin call it, after each epoch / update, setting the next one's lr
+    lr_lag: int = at_least(0, 0)
     weight_decay: float = at_least(0.04, 0.0)
     weight_decay_end: float = at_least(0.4, 0.0)
     wd_exclude_1d: bool = True  # no weight decay on biases and 1-D parameters
