@@ -13,6 +13,7 @@ FIXED = [
     "model.patch_size",
     "model.num_heads",
     "model.pos_embed",
+    "model.pos_embed_trainable",
     "model.pooling",
     "model.final_norm",
     "model.bn_mlp",

@@ -23,6 +23,9 @@ class ModelConfig:
     num_heads: int | None = at_least(None, 1)  # None: the family's default (MoCo v3's ViT-S uses 12)
     drop_path: float = within(0.1, 0.0, 1.0)
     pos_embed: str = choice("learned", ["learned", "sincos", "none"])  # bicubic-interpolated | fixed 2-D (MoCo v3)
+    # sincos only: a parameter initialised with the sin-cos table and trained, as DeiT's learned embedding is when it
+    # loads a MoCo v3 checkpoint (MoCo v3 Table 5, transfer/README.md); False: fixed, a buffer checkpoints carry
+    pos_embed_trainable: bool = False
     frozen_patch_embed: bool = False  # MoCo v3 random patch projection
     pooling: str = choice("cls", ["cls", "avg"])  # avg: MoCo v3 ablation, no class token, global average pool
     final_norm: bool = True

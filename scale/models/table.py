@@ -61,7 +61,7 @@ def spec_of(cfg) -> str:
         spec += f"/w{cfg.window_size}"
     if cfg.num_heads is not None:
         spec += f"/h{cfg.num_heads}"
-    extras = [cfg.pos_embed] if cfg.pos_embed != "learned" else []
+    extras = [cfg.pos_embed + (" trainable" if cfg.pos_embed_trainable else "")] if cfg.pos_embed != "learned" else []
     extras += ["avg-pool"] if cfg.pooling != "cls" else []
     extras += [f"img{cfg.img_size}"] if cfg.img_size != GLOBAL_PX else []
     return spec + (f" ({', '.join(extras)})" if extras else "")
@@ -98,6 +98,7 @@ def _key(cfg) -> tuple:
         cfg.window_size,
         cfg.img_size,
         cfg.pos_embed,
+        cfg.pos_embed_trainable,
         cfg.pooling,
         cfg.final_norm,
         cfg.bn_mlp,

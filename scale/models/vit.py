@@ -10,6 +10,7 @@ import math
 import torch
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from scale.errors import UserError
 from scale.models.pos_embed import resize_grid_embed, sincos_2d
@@ -59,6 +60,7 @@ class ViT(VisionTransformer):
         img_size: int,
         drop_path: float,
         pos_embed: str = "learned",
+        pos_embed_trainable: bool = False,
         frozen_patch_embed: bool = False,
         pooling: str = "cls",
         final_norm: bool = True,
@@ -68,6 +70,8 @@ class ViT(VisionTransformer):
         _check_choice("model.pos_embed", pos_embed, POS_EMBEDS)
         _check_choice("model.pooling", pooling, POOLINGS)
         _check_choice("model.weight_init", weight_init, INIT_MODES)
+        if pos_embed_trainable and pos_embed != "sincos":
+            raise UserError(f"model.pos_embed_trainable applies to pos_embed 'sincos', not '{pos_embed}'")
         if img_size % patch_size:
             raise UserError(f"model.img_size {img_size} is not a multiple of model.patch_size {patch_size}")
         super().__init__(
@@ -80,7 +84,7 @@ class ViT(VisionTransformer):
             num_heads=num_heads,
             qkv_bias=True,
             class_token=pooling == "cls",
-            pos_embed="learn" if pos_embed == "learned" else "none",
+            pos_embed="none" if pos_embed == "none" else "learn",
             final_norm=final_norm,
             fc_norm=False,
             dynamic_img_size=True,
@@ -89,6 +93,11 @@ class ViT(VisionTransformer):
             weight_init="skip",
         )
         self.pos_embed_kind = pos_embed
+        self.pos_embed_fixed = pos_embed == "sincos" and not pos_embed_trainable
+        if self.pos_embed_fixed:  # a buffer, so that checkpoints carry the table as MoCo v3's do (a frozen parameter)
+            table = self.pos_embed.data
+            del self.pos_embed
+            self.register_buffer("pos_embed", table)
         self.frozen_patch_embed = frozen_patch_embed
         self.weight_init_mode = weight_init  # timm's own init() reads it; "skip" above only deferred the init
         self.token_dim = embed_dim
@@ -108,20 +117,30 @@ class ViT(VisionTransformer):
             bound = math.sqrt(6.0 / float(proj.weight[0].numel() + proj.weight.shape[0]))
             nn.init.uniform_(proj.weight, -bound, bound)
             nn.init.zeros_(proj.bias)
+        if self.pos_embed_kind == "sincos":
+            _copy_into(self.pos_embed, self._sincos_table())
+
+    def _sincos_table(self) -> torch.Tensor:
+        """MoCo v3's pos_embed: the sin-cos table of the built grid after a zero row per prefix (class) token."""
+        h, w = self.patch_embed.grid_size
+        table = sincos_2d(h, w, self.embed_dim, device=self.pos_embed.device)
+        return torch.cat([table.new_zeros(1, self.num_prefix_tokens, self.embed_dim), table], dim=1)
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
         """[B, h, w, D] patch embeddings -> [B, (1+)h*w, D] with position embeddings for this grid."""
         batch, h, w, dim = x.shape
         x = x.reshape(batch, h * w, dim)
-        if self.pos_embed_kind == "sincos":
-            x = x + sincos_2d(h, w, dim, device=x.device).to(x.dtype)
+        if self.pos_embed_fixed:  # other grids (crops of another size) get the formula: nothing to interpolate
+            built = (h, w) == tuple(self.patch_embed.grid_size)
+            grid = self.pos_embed[:, self.num_prefix_tokens :] if built else sincos_2d(h, w, dim, device=x.device)
+            x = x + grid.to(x.dtype)
         elif self.pos_embed is not None:
             grid = self.pos_embed[:, self.num_prefix_tokens :]
             x = x + resize_grid_embed(grid, self.patch_embed.grid_size, (h, w))
         if self.cls_token is not None:
             cls = self.cls_token.expand(batch, -1, -1)
-            if self.pos_embed is not None:
-                cls = cls + self.pos_embed[:, :1]  # sin-cos and "none" give the class token a zero embedding
+            if self.pos_embed is not None and not self.pos_embed_fixed:  # fixed: zero (MoCo v3's pe_token)
+                cls = cls + self.pos_embed[:, :1]
             x = torch.cat([cls, x], dim=1)
         return self.pos_drop(x)
 
@@ -166,6 +185,14 @@ def _check_choice(key: str, value: str, choices) -> None:
         raise UserError(f"{key}: '{value}' is not one of {', '.join(repr(c) for c in choices)}")
 
 
+@torch.no_grad()
+def _copy_into(target: torch.Tensor, values: torch.Tensor) -> None:
+    """target <- values, also when target is an FSDP2 shard (each rank slices its part: no communication)."""
+    if isinstance(target, DTensor):
+        values = distribute_tensor(values, target.device_mesh, target.placements, src_data_rank=None)
+    target.copy_(values)
+
+
 def _check_last_blocks(n: int, depth: int) -> None:
     if not 1 <= n <= depth:
         raise UserError(f"linear probe: n_last_blocks {n} must be between 1 and the model's {depth} blocks")
@@ -183,6 +210,7 @@ def _vit_factory(size: str, bn_mlp: bool):
             img_size=cfg.img_size,
             drop_path=drop_path,
             pos_embed=cfg.pos_embed,
+            pos_embed_trainable=cfg.pos_embed_trainable,
             frozen_patch_embed=cfg.frozen_patch_embed,
             pooling=cfg.pooling,
             final_norm=cfg.final_norm,

@@ -71,11 +71,35 @@ def test_sincos_matches_the_moco_v3_formula():
 
 def test_sincos_model_adds_fixed_embedding_and_zero_for_cls():
     model = vit(pos_embed="sincos")
-    assert model.pos_embed is None  # nothing to learn
-    patches = torch.randn(1, 4, 4, 64)
-    embedded = model._pos_embed(patches)
-    torch.testing.assert_close(embedded[:, 1:], patches.reshape(1, 16, -1) + sincos_2d(4, 4, 64))
-    torch.testing.assert_close(embedded[:, :1], model.cls_token)
+    assert "pos_embed" not in dict(model.named_parameters())  # nothing to learn
+    # a buffer in the state dict, like MoCo v3's frozen pos_embed: a zero row for the class token, then the table
+    expected_table = torch.cat([torch.zeros(1, 1, 64), sincos_2d(8, 8, 64)], dim=1)
+    torch.testing.assert_close(model.state_dict()["pos_embed"], expected_table)
+    for h in (8, 4):  # the built grid, and another one (the formula on its own grid)
+        patches = torch.randn(1, h, h, 64)
+        embedded = model._pos_embed(patches)
+        torch.testing.assert_close(embedded[:, 1:], patches.reshape(1, h * h, -1) + sincos_2d(h, h, 64))
+        torch.testing.assert_close(embedded[:, :1], model.cls_token)
+
+
+def test_trainable_sincos_starts_from_the_fixed_table_and_learns():
+    """DeiT fine-tuning of a MoCo v3 checkpoint (transfer/README.md): its learned pos_embed loads the checkpoint's
+    fixed sin-cos table, class-token row included, and trains it."""
+    fixed, trainable = vit(pos_embed="sincos"), vit(pos_embed="sincos", pos_embed_trainable=True)
+    torch.testing.assert_close(trainable.pos_embed.detach(), fixed.pos_embed)  # the same init
+    trainable.load_state_dict(fixed.state_dict(), strict=True)  # a pre-training checkpoint loads as it is
+    assert isinstance(trainable.pos_embed, torch.nn.Parameter) and trainable.pos_embed.requires_grad
+    pooled = trainable(torch.randn(2, 3, 64, 64))["pooled"]
+    (pooled * torch.randn_like(pooled)).sum().backward()  # (a plain sum of a LayerNorm output has no gradient)
+    assert trainable.pos_embed.grad[0, 0].abs().sum() > 0  # the class token's row too
+    with torch.no_grad():
+        trainable.pos_embed.add_(1.0)
+    patches = torch.randn(1, 8, 8, 64)
+    embedded = trainable._pos_embed(patches)
+    torch.testing.assert_close(embedded[:, 1:], patches.reshape(1, 64, -1) + sincos_2d(8, 8, 64) + 1.0)
+    torch.testing.assert_close(embedded[:, :1], trainable.cls_token + 1.0)
+    with pytest.raises(UserError, match="pos_embed_trainable"):
+        vit(pos_embed="learned", pos_embed_trainable=True)
 
 
 def test_frozen_patch_projection_gets_no_gradient_and_no_update():
