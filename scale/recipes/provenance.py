@@ -31,6 +31,9 @@ COMMON = [
     "optim.ref_batch",
     "optim.warmup_epochs",
     "optim.warmup_endpoint",
+    "optim.warmup_prefix",
+    "optim.lr_step",
+    "optim.lr_lag",
     "optim.min_lr",
     "optim.weight_decay",
     "optim.weight_decay_end",
@@ -152,6 +155,8 @@ def stated_keys(cfg: DictConfig, written: set[str] = frozenset()) -> list[str]:
     keys = list(COMMON) + PER_METHOD.get(cfg.method.kind, [])
     if cfg.optim.clip_grad:
         keys.append("optim.clip_mode")
+    if cfg.optim.lr_schedule_epochs is not None:
+        keys.append("optim.lr_schedule_epochs")
     keys.append("eval.protocol")
     keys += [k for k in EVAL_KEYS.get(cfg.eval.protocol, []) if cfg.eval.linear_feature != "pooled" or k not in BLOCKS]
     keys += sorted(written)
