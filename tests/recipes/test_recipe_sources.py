@@ -62,6 +62,13 @@ def test_stated_keys_follow_the_method_and_the_protocol():
     assert "eval.linear_n_last_blocks" not in keys  # the pooled feature has no blocks to choose
     drloc = stated_keys(load_recipe("drloc/table3/t2t_cifar10_drloc"))
     assert {"method.drloc.l1_reduction", "method.drloc.pool", "method.drloc.weight_schedule"} <= set(drloc)
+    assert {"optim.lr_step", "optim.lr_lag", "optim.warmup_prefix", "optim.lr_schedule_epochs"} <= set(drloc)
+    assert "optim.lr_schedule_epochs" not in keys  # unset: the schedule spans train.epochs
+
+
+def test_a_schedule_longer_than_training_needs_a_source(tmp_path):
+    result = check_recipe(_row(tmp_path, "optim: {lr_schedule_epochs: 300}\n"))
+    assert not result.ok and "optim.lr_schedule_epochs=300 has no source" in result.message
 
 
 def test_show_sources_lists_assumptions(capsys):
