@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from scale.checkpoint.init import load_backbone_weights
 from scale.data.batch import Batch, split_batch
+from scale.data.prefetch import prefetch_to_device
 from scale.engine import build_engine
 from scale.engine.dist import DistInfo, seed_everything
 from scale.engine.guard import FiniteGuard
@@ -34,7 +35,8 @@ def no_phase(name: str) -> contextlib.AbstractContextManager:
 class TrainStep:
     """Everything one step uses, built in this order: seeded RNGs, the loader, the method, the engine with the
     method's modules set up (`init_weights` loaded into them when given), the schedules, the monitors and the
-    non-finite guard. `max_schedule_steps_per_epoch` caps the steps per epoch the schedules cover (scale.bench:
+    non-finite guard. On CUDA the loader is wrapped to copy the next batch ahead (scale.data.prefetch,
+    data.prefetch_to_device); `self.loader` is what the checkpointer and the logs read. `max_schedule_steps_per_epoch` caps the steps per epoch the schedules cover (scale.bench:
     its small batches would make ImageNet-long schedule arrays). `phase` is entered around the forward, backward
     and optimizer parts of every step (scale.bench sets a timer)."""
 
@@ -75,6 +77,9 @@ class TrainStep:
         self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
         self.monitors = Monitors(cfg, device, info.dp_group)
         self.guard = FiniteGuard(device, info.dp_group)
+        loader = self.loader
+        self.loader = prefetch_to_device(loader, device, cfg.data.prefetch_to_device, self.method.check_batch)
+        self.prefetched = self.loader is not loader
 
     def modules(self) -> list:
         return [m for m in (self.method.student, self.method.teacher) if m is not None]
@@ -87,8 +92,9 @@ class TrainStep:
     def next_batch(self, batches) -> tuple[Batch, float]:
         start = time.perf_counter()
         batch = next(batches)
-        self.method.check_batch(batch)
-        batch = batch.to(self.device)
+        if not self.prefetched:  # a prefetcher has checked it on the host and copied it already
+            self.method.check_batch(batch)
+            batch = batch.to(self.device)
         return batch, time.perf_counter() - start
 
     def context(self, step: int) -> StepContext:

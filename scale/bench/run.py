@@ -56,10 +56,10 @@ class PhaseTimer:
             self.totals[name] += time.perf_counter() - start
 
 
-def make_loader(cfg, info: DistInfo, synthetic: bool):
+def make_loader(cfg, info: DistInfo, device: torch.device, synthetic: bool):
     if synthetic:
         return SyntheticLoader(cfg, info.dp_rank, info.dp_size)
-    return train_loader(cfg, info)
+    return train_loader(cfg, info, device)
 
 
 def barrier() -> None:
@@ -77,7 +77,7 @@ def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: 
             cfg,
             info,
             device,
-            lambda: make_loader(cfg, info, synthetic),
+            lambda: make_loader(cfg, info, device, synthetic),
             max_schedule_steps_per_epoch=SCHEDULE_STEPS_PER_EPOCH,
             phase=timer,
         )
