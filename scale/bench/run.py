@@ -170,7 +170,7 @@ def bench_config(
     result["crops_per_s_per_device"] = result["crops_per_s"] / world
     if count_flops:
         # on every rank: the loss it runs may call collectives (DINO's center)
-        trace = trace_step(cfg, dp_group=info.dp_group)
+        trace = trace_step(cfg, info=info)
         peak, source = peak_flops(device, cfg.engine.precision)
         flops = step_flops(trace, batch)
         result.update(
