@@ -1,7 +1,6 @@
 """scale.data.prefetch: skipped off CUDA; the prefetcher's position bookkeeping (its copy replaced by the identity)
 resumes exactly where a plain loader does; pinned batches on CUDA only."""
 
-import pytest
 import torch
 from omegaconf import OmegaConf
 from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
@@ -87,15 +86,3 @@ def test_the_dataloader_pins_every_tensor_of_a_batch(tmp_path, monkeypatch):
     out, errors = dataloader_pin((batch, []))  # what DataLoader(pin_memory=True) runs on each (batch, errors)
     assert isinstance(out, Batch) and same(out, batch) and errors == []
     assert {id(t) for t in pinned} == {id(t) for t in (*batch.crops, batch.labels)}
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_prefetch_yields_the_loaders_batches_on_the_device(tmp_path):
-    reference = list(loader(tmp_path))
-    plain = loader(tmp_path)
-    plain.pin_memory = True
-    prefetcher = prefetch_to_device(plain, torch.device("cuda"), True, lambda b: None)
-    assert isinstance(prefetcher, DevicePrefetcher)
-    for expected, got in zip(reference, prefetcher, strict=True):
-        assert got.crops[0].is_cuda and same(got.to(torch.device("cpu"), non_blocking=False), expected)
