@@ -15,7 +15,9 @@ from omegaconf import DictConfig
 
 from scale.checkpoint.init import load_backbone_weights
 from scale.data.batch import Batch, split_batch
+from scale.data.prefetch import prefetch_to_device
 from scale.engine import build_engine
+from scale.engine.base import Engine
 from scale.engine.dist import DistInfo, seed_everything
 from scale.engine.guard import FiniteGuard
 from scale.engine.parallel import as_parallel
@@ -34,9 +36,11 @@ def no_phase(name: str) -> contextlib.AbstractContextManager:
 class TrainStep:
     """Everything one step uses, built in this order: seeded RNGs, the loader, the method, the engine with the
     method's modules set up (`init_weights` loaded into them when given), the schedules, the monitors and the
-    non-finite guard. `max_schedule_steps_per_epoch` caps the steps per epoch the schedules cover (scale.bench:
+    non-finite guard. On CUDA the loader is wrapped to copy the next batch ahead (scale.data.prefetch,
+    data.prefetch_to_device); `self.loader` is what the checkpointer and the logs read. `max_schedule_steps_per_epoch` caps the steps per epoch the schedules cover (scale.bench:
     its small batches would make ImageNet-long schedule arrays). `phase` is entered around the forward, backward
-    and optimizer parts of every step (scale.bench sets a timer)."""
+    and optimizer parts of every step (scale.bench sets a timer). `make_engine(engine_cfg, optim_cfg, info, device)`
+    builds the engine: the recipe's (`build_engine`), or the planner's trace on fake tensors (scale.bench.trace)."""
 
     def __init__(
         self,
@@ -47,6 +51,7 @@ class TrainStep:
         init_weights: str = "",
         max_schedule_steps_per_epoch: int | None = None,
         phase: Callable[[str], contextlib.AbstractContextManager] = no_phase,
+        make_engine: Callable[..., Engine] = build_engine,
     ):
         info = as_parallel(info, device, cfg.engine.shard_size)
         self.cfg, self.info, self.device, self.phase = cfg, info, device, phase
@@ -63,7 +68,7 @@ class TrainStep:
             device="meta" if cfg.engine.meta_init else None,
             dp_group=info.dp_group,
         )
-        self.engine = build_engine(cfg.engine, cfg.optim, info, device)
+        self.engine = make_engine(cfg.engine, cfg.optim, info, device)
         if init_weights and not cfg.engine.meta_init:
             load_backbone_weights(self.modules(), init_weights, sharded=False)
         self.engine.setup(self.method)
@@ -75,6 +80,9 @@ class TrainStep:
         self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
         self.monitors = Monitors(cfg, device, info.dp_group)
         self.guard = FiniteGuard(device, info.dp_group)
+        loader = self.loader
+        self.loader = prefetch_to_device(loader, device, cfg.data.prefetch_to_device, self.method.check_batch)
+        self.prefetched = self.loader is not loader
 
     def modules(self) -> list:
         return [m for m in (self.method.student, self.method.teacher) if m is not None]
@@ -87,8 +95,9 @@ class TrainStep:
     def next_batch(self, batches) -> tuple[Batch, float]:
         start = time.perf_counter()
         batch = next(batches)
-        self.method.check_batch(batch)
-        batch = batch.to(self.device)
+        if not self.prefetched:  # a prefetcher has checked it on the host and copied it already
+            self.method.check_batch(batch)
+            batch = batch.to(self.device)
         return batch, time.perf_counter() - start
 
     def context(self, step: int) -> StepContext:

@@ -53,8 +53,9 @@ def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> None:
         dist.barrier()
 
 
-def train_loader(cfg: DictConfig, info: ParallelContext):
-    """This rank's loader over the recipe's training shards: its share among the data-parallel ranks."""
+def train_loader(cfg: DictConfig, info: ParallelContext, device: torch.device):
+    """This rank's loader over the recipe's training shards: its share among the data-parallel ranks, in pinned
+    memory for a CUDA device."""
     return build_loader(
         cfg.data,
         "train",
@@ -63,6 +64,7 @@ def train_loader(cfg: DictConfig, info: ParallelContext):
         info.dp_size,
         seed=cfg.train.seed,
         samples_per_epoch=cfg.train.samples_per_epoch,
+        pin_memory=device.type == "cuda",
     )
 
 
@@ -80,7 +82,11 @@ class Trainer:
         )
         fresh = not CheckpointStore(run.checkpoints).candidates()
         self.step = TrainStep(
-            cfg, info, device, lambda: train_loader(cfg, info), init_weights=cfg.train.init_weights if fresh else ""
+            cfg,
+            info,
+            device,
+            lambda: train_loader(cfg, info, device),
+            init_weights=cfg.train.init_weights if fresh else "",
         )
         self.engine, self.method, self.loader = self.step.engine, self.step.method, self.step.loader
         self.steps_per_epoch, self.total_steps = self.step.steps_per_epoch, self.step.total_steps

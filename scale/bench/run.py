@@ -56,10 +56,10 @@ class PhaseTimer:
             self.totals[name] += time.perf_counter() - start
 
 
-def make_loader(cfg, info: DistInfo, synthetic: bool):
+def make_loader(cfg, info: DistInfo, device: torch.device, synthetic: bool):
     if synthetic:
         return SyntheticLoader(cfg, info.dp_rank, info.dp_size)
-    return train_loader(cfg, info)
+    return train_loader(cfg, info, device)
 
 
 def barrier() -> None:
@@ -77,7 +77,7 @@ def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: 
             cfg,
             info,
             device,
-            lambda: make_loader(cfg, info, synthetic),
+            lambda: make_loader(cfg, info, device, synthetic),
             max_schedule_steps_per_epoch=SCHEDULE_STEPS_PER_EPOCH,
             phase=timer,
         )
@@ -170,7 +170,7 @@ def bench_config(
     result["crops_per_s_per_device"] = result["crops_per_s"] / world
     if count_flops:
         # on every rank: the loss it runs may call collectives (DINO's center)
-        trace = trace_step(cfg, dp_group=info.dp_group)
+        trace = trace_step(cfg, info=info)
         peak, source = peak_flops(device, cfg.engine.precision)
         flops = step_flops(trace, batch)
         result.update(

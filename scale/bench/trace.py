@@ -1,8 +1,9 @@
 """What one training step of a recipe computes and keeps, counted on fake tensors: no memory, no compute, so
 ViT-L/7 or ViT-H cost nothing.
 
-The method's own `loss` runs for real on a tiny batch (2 images of the recipe's crop layout), with its student and
-teacher replaced by stand-ins: each call runs the real net on fake CPU tensors (FakeTensorMode, the kernels
+The training step itself (scale.step.TrainStep: the method's own `loss`, backward, the guard) runs for real on a tiny
+batch (2 images of the recipe's crop layout), with an engine (`TracingEngine`) that replaces the student and teacher
+by stand-ins: each call runs the real net on fake CPU tensors (FakeTensorMode, the kernels
 training would pick, e.g. the CPU fused attention) and returns random real tensors of the net's output shapes, so
 the loss arithmetic (cross-entropies over 65536 prototypes, EsViT's per-token region loss) is measured too. Counted:
 - FLOPs of every student and teacher forward (math attention path: torch's FlopCounterMode has no formula for the
@@ -11,20 +12,26 @@ the loss arithmetic (cross-entropies over 65536 prototypes, EsViT's per-token re
   each block call's input (what non-reentrant activation checkpointing keeps instead), and by the loss.
 """
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import FlopCounterMode
 
-from scale.bench.synthetic import random_batch
-from scale.methods.base import StepContext
+from scale.bench.synthetic import SyntheticLoader
+from scale.engine.base import Engine
+from scale.engine.parallel import ParallelContext
+from scale.engine.params import named_parameters
 from scale.models.flops import _math_attention
+from scale.optim import build_optimizer, param_groups
 
 TRACE_IMAGES = 2  # BatchNorm heads (MoCo v3) need more than one image per view
+CPU = torch.device("cpu")
 
 
 @dataclass
@@ -183,41 +190,106 @@ def _real_like(fake: torch.Tensor, grad: bool) -> torch.Tensor:
     return torch.randn(fake.shape, dtype=fake.dtype).requires_grad_(grad)
 
 
-def trace_step(cfg, images: int = TRACE_IMAGES, dp_group=None) -> StepTrace:
-    """Trace one micro-batch step of recipe `cfg` with `images` images (after any region-loss start epoch). In a
-    process group it is collective over `dp_group`: every rank must call it (the loss may all-reduce, e.g. DINO's
-    center)."""
-    from scale.methods import build_method
+class TracingEngine(Engine):
+    """The engine of a traced step. `setup` makes the method's nets, built on the meta device, fake tensors (no
+    memory) and puts each behind a `_StandIn`, as a real engine wraps them; the forward runs in the recipe's mixed
+    precision (fp16 traced as bf16: the same bytes per element) while the bytes the loss saves are counted. The
+    stand-ins answer with fresh tensors, so backward runs through the loss arithmetic only and no gradient reaches
+    the fake weights: the optimizer step and the EMA have nothing to update, and this engine holds no memory (the
+    planner counts the state from the traced parameter counts)."""
 
+    def __init__(self, engine_cfg, optim_cfg, trace: StepTrace):
+        self.cfg, self.optim_cfg, self.trace = engine_cfg, optim_cfg, trace
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True)
+        self.loss_saved = _Saved(exclude=set())
+
+    def setup(self, method) -> None:
+        trace, student, teacher = self.trace, method.student, method.teacher
+        with self.fake:
+            for net in (student, teacher):
+                if net is not None:
+                    net.to_empty(device="cpu")
+        trace.params = sum(p.numel() for p in student.parameters())
+        trace.trainable = sum(p.numel() for p in student.parameters() if p.requires_grad)
+        blocks = block_modules(student)
+        trace.depth = len(blocks)
+        trace.block_params = sum(p.numel() for b in blocks for p in b.parameters())
+        if teacher is not None:
+            trace.teacher_params = sum(p.numel() for p in teacher.parameters())
+        nets = [n for n in (student, teacher) if n is not None]
+        trace.buffers = sum(b.numel() * b.element_size() for net in nets for b in net.buffers())
+        method.student = _StandIn(student, self.fake, trace, "student")
+        if teacher is not None:
+            method.teacher = _StandIn(teacher, self.fake, trace, "teacher")
+        self.optimizer = build_optimizer(
+            param_groups(named_parameters(method.student), self.optim_cfg), self.optim_cfg, CPU, fused=False
+        )
+
+    @contextlib.contextmanager
+    def autocast(self):
+        mixed = self.cfg.precision != "fp32"
+        with saved_tensors_hooks(self.loss_saved.pack, _unpack), torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+            yield
+        self.trace.loss_saved = self.loss_saved.total
+        self.trace.largest_saved = max(self.trace.largest_saved, self.loss_saved.largest)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        with self.micro_batch():
+            loss.backward()
+
+    def step(self, frozen=None, guard=None) -> dict:
+        self.check_accumulated()
+        self.micro_step = 0
+        return {}
+
+    def ema(self, momentum: float, guard=None) -> None:
+        pass  # fake teacher weights: nothing to average
+
+    def memory(self) -> dict[str, int]:
+        return dict.fromkeys(("params", "grads", "optimizer", "teacher", "total"), 0)
+
+    def export_state_dict(self, which: str = "teacher") -> dict[str, torch.Tensor]:
+        raise NotImplementedError("a traced step has fake weights: nothing to export")
+
+
+def trace_step(cfg, images: int = TRACE_IMAGES, info: ParallelContext | None = None) -> StepTrace:
+    """Trace one step of recipe `cfg` with `images` images per rank, at the epoch where any region loss has started,
+    run by the training step itself (scale.step.TrainStep) with a `TracingEngine`. With `info` (the run's parallel
+    context) it is collective over the data-parallel group: every rank must call it (the loss may all-reduce, e.g.
+    DINO's center)."""
+    from scale.step import TrainStep
+
+    info = info or ParallelContext(0, 1, 0, "127.0.0.1", 0, "single")
     epoch = int(cfg.method.dino.region_from_epoch)
-    method = build_method(cfg, 1, epoch + 1, device="meta", dp_group=dp_group)
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    batch = images * info.dp_size
+    cfg = OmegaConf.merge(
+        cfg,
+        {
+            # nets built on the meta device, traced whole: no checkpointing (the planner models it), no monitors
+            "engine": {
+                "meta_init": True,
+                "grad_accum": 1,
+                "activation_checkpointing": "none",
+                "shard_size": info.shard_size,
+            },
+            "train": {
+                "global_batch": batch,
+                "samples_per_epoch": batch,
+                "epochs": epoch + 1,
+                "knn_monitor_every": 0,
+                "grad_monitor_every": 0,
+            },
+        },
+    )
     trace = StepTrace(images=images)
-    nets = {"student": method.student, "teacher": method.teacher}
-    with fake:
-        for net in nets.values():
-            if net is not None:
-                net.to_empty(device="cpu")
-    student = nets["student"]
-    trace.params = sum(p.numel() for p in student.parameters())
-    trace.trainable = sum(p.numel() for p in student.parameters() if p.requires_grad)
-    blocks = block_modules(student)
-    trace.depth = len(blocks)
-    trace.block_params = sum(p.numel() for b in blocks for p in b.parameters())
-    if nets["teacher"] is not None:
-        trace.teacher_params = sum(p.numel() for p in nets["teacher"].parameters())
-    trace.buffers = sum(b.numel() * b.element_size() for net in nets.values() if net is not None for b in net.buffers())
-    method.student = _StandIn(student, fake, trace, "student")
-    if nets["teacher"] is not None:
-        method.teacher = _StandIn(nets["teacher"], fake, trace, "teacher")
-    loss_saved = _Saved(exclude=set())
-    ctx = StepContext(step=0, epoch=epoch, steps_per_epoch=1, total_steps=epoch + 1)
-    batch = random_batch(cfg, images, torch.Generator().manual_seed(0))
+    step = TrainStep(
+        cfg,
+        info,
+        CPU,
+        lambda: SyntheticLoader(cfg, info.dp_rank, info.dp_size),
+        make_engine=lambda engine_cfg, optim_cfg, *_: TracingEngine(engine_cfg, optim_cfg, trace),
+    )
+    batch, _ = step.next_batch(step.batches())
     trace.input_bytes = sum(c.numel() * c.element_size() for c in batch.crops)
-    # mixed precision as the engines run it (torch.autocast; fp16 traced as bf16: the same bytes per element)
-    mixed = cfg.engine.precision != "fp32"
-    with saved_tensors_hooks(loss_saved.pack, _unpack), torch.autocast("cpu", torch.bfloat16, enabled=mixed):
-        method.loss(batch, ctx)
-    trace.loss_saved = loss_saved.total
-    trace.largest_saved = max(trace.largest_saved, loss_saved.largest)
+    step(epoch, batch)
     return trace

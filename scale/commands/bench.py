@@ -129,6 +129,12 @@ def bench_table(argv: list[str]) -> int:
     return main(argv)
 
 
+def bench_ac(argv: list[str]) -> int:
+    from scale.bench.activation import main
+
+    return main(argv)
+
+
 def bench_ckpt(argv: list[str]) -> int:
     from scale.bench.checkpoint import measure, table
 
@@ -145,14 +151,14 @@ def bench_ckpt(argv: list[str]) -> int:
     return 0
 
 
-BENCHES = {"data": bench_data, "table": bench_table, "ckpt": bench_ckpt}
+BENCHES = {"data": bench_data, "table": bench_table, "ckpt": bench_ckpt, "ac": bench_ac}
 
 
 def register(sub) -> None:
     parser = sub.add_parser(
         "bench",
         help="throughput benchmarks: `scale bench RECIPE` (training steps), "
-        "`scale bench data RECIPE`, `scale bench table NAME`",
+        "`scale bench data RECIPE`, `scale bench table NAME`, `scale bench ac RECIPE`",
     )
     parser.add_argument("target", help=f"a recipe, or one of: {', '.join(BENCHES)}")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of that benchmark")

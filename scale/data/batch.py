@@ -29,6 +29,12 @@ class Batch:
             list(self.keys),
         )
 
+    def pin_memory(self) -> "Batch":
+        """Page-locked copies (what DataLoader(pin_memory=True) calls), from which a copy to the GPU is asynchronous."""
+        return Batch(
+            [c.pin_memory() for c in self.crops], list(self.views_per_group), self.labels.pin_memory(), list(self.keys)
+        )
+
 
 def split_batch(batch: Batch, parts: int) -> list[Batch]:
     """Split along the images (not the views) into `parts` micro-batches, keeping the view-major layout."""

@@ -47,6 +47,8 @@ class DataConfig:
     dali_device: str = choice("auto", ["auto", "gpu", "cpu"])  # auto: the GPU when CUDA is available
     mode: str = choice("epochs", ["epochs", "resampled"])  # every sample once per epoch | an infinite stream
     workers: int = at_least(4, 0)
+    # CUDA: pinned batches, the next one copied to the GPU on a side stream during the step (scale/data/prefetch.py)
+    prefetch_to_device: bool = True
     shuffle_buffer: int = at_least(2000, 0)
     error_budget: float = within(0.001, 0.0, 1.0)  # fraction of samples that may be bad before the run stops
     num_classes: int = at_least(1000, 1)

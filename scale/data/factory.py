@@ -16,9 +16,11 @@ def build_loader(
     seed: int,
     samples_per_epoch: int | None = None,
     views_cfg=None,
+    pin_memory: bool = False,
 ) -> Loader:
     """A loader over data_cfg.train or data_cfg.val (scale/data/loader.py's docstring says what it guarantees);
-    with data.backend=dali, the crop views (multicrop, two_view) come from scale.data.dali, the others from Loader."""
+    with data.backend=dali, the crop views (multicrop, two_view) come from scale.data.dali, the others from Loader.
+    `pin_memory` (torchvision backend): batches in page-locked memory, for asynchronous copies to a GPU."""
     if data_cfg.backend not in BACKENDS:
         raise UserError(f"data.backend must be one of {', '.join(BACKENDS)}, got '{data_cfg.backend}'")
     kind = (views_cfg if views_cfg is not None else data_cfg.views).kind
@@ -26,4 +28,4 @@ def build_loader(
         from scale.data.dali import build_dali_loader
 
         return build_dali_loader(data_cfg, split, global_batch, rank, world_size, seed, samples_per_epoch, views_cfg)
-    return Loader(data_cfg, split, global_batch, rank, world_size, seed, samples_per_epoch, views_cfg)
+    return Loader(data_cfg, split, global_batch, rank, world_size, seed, samples_per_epoch, views_cfg, pin_memory)

@@ -283,6 +283,8 @@ def hash_seed(*parts) -> int:
 
 
 class Loader:
+    reads_ahead = False  # scale.data.prefetch copies its batches to a GPU ahead of the step
+
     def __init__(
         self,
         data_cfg,
@@ -293,7 +295,9 @@ class Loader:
         seed: int,
         samples_per_epoch: int | None = None,
         views_cfg=None,
+        pin_memory: bool = False,
     ):
+        """`pin_memory`: batches in page-locked memory (for a CUDA device: asynchronous copies, scale.data.prefetch)."""
         if split not in ("train", "val"):
             raise UserError(f"split must be train or val, got '{split}'")
         if data_cfg.mode not in MODES:
@@ -320,6 +324,7 @@ class Loader:
             )
         self.global_batch, self.rank, self.world_size, self.seed = global_batch, rank, world_size, seed
         self.local_batch = global_batch // world_size
+        self.pin_memory = pin_memory
         self.views = build_views(self.views_cfg)
         self.position = 0
         self.errors: Counter = Counter()
@@ -359,6 +364,7 @@ class Loader:
             persistent_workers=False,
             prefetch_factor=2 if workers else None,
             generator=generator,
+            pin_memory=self.pin_memory,
         )
         if start == 0:
             self.epoch_errors = 0

@@ -15,6 +15,7 @@ from scale.errors import UserError
 from scale.models.config import ModelConfig
 from scale.models.flops import count_macs
 from scale.models.registry import build_backbone
+from scale.step import TrainStep
 
 TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))
 
@@ -76,6 +77,19 @@ def test_step_flops_count_every_crop_through_student_and_global_crops_through_te
     assert table_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
     assert table_peak("NVIDIA H100 PCIe", "fp32") == 51e12
     assert table_peak("Some CPU", "fp32") is None
+
+
+def test_the_planner_traces_the_training_step_itself(monkeypatch):
+    calls, step_call = [], TrainStep.__call__
+
+    def spy(self, step, batch):
+        calls.append((step, type(self.engine).__name__, batch.batch_size))
+        return step_call(self, step, batch)
+
+    monkeypatch.setattr(TrainStep, "__call__", spy)
+    trace = trace_step(load_recipe(TINY_RECIPE, ["method.dino.region_from_epoch=2"]))
+    assert calls == [(2, "TracingEngine", 2)]  # one step of 2 images, at the epoch where a region loss is on
+    assert len(trace.blocks) == 2 * 3 and trace.loss_saved > 0 and trace.net_saved > 0  # 2 resolutions, depth 3
 
 
 def test_tables_shrink_but_keep_crop_counts_and_extrapolate_hours():

@@ -19,6 +19,8 @@ from scale.engine.materialize import materialize
 from scale.engine.params import clean_name
 from scale.engine.precision import resolve_precision
 from scale.errors import UserError
+from scale.models.config import ModelConfig
+from scale.models.registry import build_backbone
 from scale.optim import apply_schedule, build_optimizer, init_state, param_groups
 
 CPU = torch.device("cpu")
@@ -267,3 +269,40 @@ def test_selective_checkpointing_keeps_matmuls_recomputes_the_rest():
     _, grads_selective = saved_tensor_count_and_grads(selective)
     for name, grad in grads_plain.items():
         torch.testing.assert_close(grads_selective[name], grad, rtol=0, atol=1e-7)
+
+
+class MatmulWidths(TorchDispatchMode):
+    """The output widths of the addmm calls (the Linear layers' forwards; their gradients use mm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.widths: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.addmm.default:
+            self.widths.append(out.shape[-1])
+        return out
+
+
+def test_selective_checkpointing_recomputes_the_widening_matmuls_of_a_vit_block():
+    """ViT-nano (D=64, 3 blocks): qkv (3D) and MLP fc1 (4D) run again in backward; the attention projection and fc2
+    (D), whose outputs are kept, do not."""
+    torch.manual_seed(0)
+    vit = build_backbone(ModelConfig(name="vit_nano", patch_size=8, img_size=32, drop_path=0.1))
+    plain = nn.ModuleDict({"backbone": vit})
+    images = torch.randn(2, 3, 32, 32)
+    recomputed, grads = {}, {}
+    for mode in ("none", "selective", "full"):
+        net = copy.deepcopy(plain)
+        apply_activation_checkpointing(net, mode, 1) if mode != "none" else None
+        torch.manual_seed(1)  # the same drop-path masks
+        out = net["backbone"](images)["pooled"].square().sum()
+        with MatmulWidths() as counter:
+            out.backward()
+        recomputed[mode] = sorted(counter.widths)
+        grads[mode] = {n: p.grad for n, p in net.named_parameters()}
+    assert recomputed["none"] == [] and recomputed["selective"] == [192] * 3 + [256] * 3
+    assert set(recomputed["full"]) == {64, 192, 256}  # full checkpointing runs the narrow ones again too
+    for name, grad in grads["none"].items():
+        torch.testing.assert_close(grads["selective"][name], grad, rtol=0, atol=1e-6, msg=name)

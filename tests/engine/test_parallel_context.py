@@ -46,7 +46,7 @@ def contexts(dp_size: int, rank_offset: int = 0) -> list[ParallelContext]:
 
 
 def global_keys(cfg, ranks: list[ParallelContext], steps: int, state: dict | None = None):
-    loaders = [train_loader(cfg, ctx) for ctx in ranks]
+    loaders = [train_loader(cfg, ctx, CPU) for ctx in ranks]
     for loader in loaders:
         if state:
             loader.load_state_dict(state)

@@ -81,6 +81,7 @@ def test_an_overflowing_update_is_flagged(group):
     info, device = group
     cfg = load_recipe("demo/dino_tiny", [*TINY, "engine.kind=ddp"])
     step = TrainStep(cfg, info, device, lambda: SyntheticLoader(cfg, info.rank, info.world_size))
+    assert isinstance(step.loader, SyntheticLoader) and not step.prefetched  # CPU: no device prefetch
     batches = step.batches()
     step(0, step.next_batch(batches)[0])
     assert step.guard.read() is None

@@ -60,6 +60,10 @@ def sample_key(source_info: str) -> str:
 
 
 class DaliLoader(Loader):
+    # DALI runs ahead by itself (its prefetch queue; on the GPU it yields device tensors), and its state is the
+    # pipeline's checkpoint, which a batch taken ahead would move: scale.data.prefetch leaves it as it is
+    reads_ahead = True
+
     def __init__(
         self,
         data_cfg,
