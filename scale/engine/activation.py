@@ -2,14 +2,16 @@
 selective (every block, op by op: the outputs of matmuls and attention are kept, everything else - norms,
 activations, dropout, residual adds - is recomputed in backward; torch's selective checkpointing, as torchtitan).
 
-torch's composable non-reentrant `checkpoint` keeps parameter names unchanged and composes with DDP, FSDP2 and
-DeepSpeed; being non-reentrant it supports several forwards of the same blocks per step (multi-crop).
+A checkpointed block's `forward` runs inside torch's non-reentrant `checkpoint` (set on the instance, so parameter
+names are unchanged). Being a function of the forward rather than module hooks, it composes with DDP, FSDP2 and
+DeepSpeed (their hooks stay around the block's call), with several forwards of the same blocks per step
+(multi-crop), and with engine.compile: the checkpoint is traced inside the compiled block, where the compiler's
+partitioner recomputes what the policy says (scale/engine/compile.py).
 """
 
 import torch
 from torch import nn
-from torch.distributed._composable import checkpoint
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from scale.errors import UserError
 
@@ -36,6 +38,11 @@ def selective_context():
     return create_selective_checkpoint_contexts(_save_matmuls)
 
 
+def part_blocks(part: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of one part of a method's net (its backbone's block_modules()); none for a head."""
+    return list(part.block_modules()) if hasattr(part, "block_modules") else []
+
+
 def blocks_to_checkpoint(model: nn.Module, mode: str, every_n: int) -> list[nn.Module]:
     if mode not in MODES:
         raise UserError(f"engine.activation_checkpointing='{mode}' is not one of {', '.join(MODES)}")
@@ -45,9 +52,8 @@ def blocks_to_checkpoint(model: nn.Module, mode: str, every_n: int) -> list[nn.M
         raise UserError(f"engine.ac_every_n must be >= 1, got {every_n}")
     chosen = []
     for part in model.children():
-        if hasattr(part, "block_modules"):
-            blocks = list(part.block_modules())
-            chosen += blocks[::every_n] if mode == "every_n" else blocks
+        blocks = part_blocks(part)
+        chosen += blocks[::every_n] if mode == "every_n" else blocks
     if not chosen:
         raise UserError(
             f"engine.activation_checkpointing={mode} needs a backbone with block_modules(); "
@@ -56,10 +62,21 @@ def blocks_to_checkpoint(model: nn.Module, mode: str, every_n: int) -> list[nn.M
     return chosen
 
 
+class Checkpointed:
+    """A block's forward run under non-reentrant checkpointing. It holds the forward as a bound method, so that a
+    deep copy of the block calls the copy's own forward."""
+
+    def __init__(self, forward, selective: bool):
+        self.forward, self.selective = forward, selective
+
+    def __call__(self, *args, **kwargs):
+        context = {"context_fn": selective_context} if self.selective else {}
+        return checkpoint(self.forward, *args, use_reentrant=False, **context, **kwargs)
+
+
 def apply_activation_checkpointing(model: nn.Module, mode: str, every_n: int) -> int:
     """Checkpoint the chosen blocks in place; returns how many."""
     blocks = blocks_to_checkpoint(model, mode, every_n)
-    kwargs = {"context_fn": selective_context} if mode == "selective" else {}
     for block in blocks:
-        checkpoint(block, **kwargs)
+        block.forward = Checkpointed(block.forward, selective=mode == "selective")
     return len(blocks)
