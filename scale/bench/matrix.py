@@ -2,8 +2,8 @@
 and the one table that compares them.
 
 Keys: engine (ddp, fsdp2, zero1, zero2, zero3), precision (fp32, bf16, fp16), ac (none, full, selective, every<N>),
-micro_batch (images per rank per forward: sets engine.grad_accum), crops (e.g. 2x224+10x96), batch (global), or
-any dotted recipe key (e.g. model.name).
+compile (false, true: engine.compile), micro_batch (images per rank per forward: sets engine.grad_accum), crops
+(e.g. 2x224+10x96), batch (global), or any dotted recipe key (e.g. model.name).
 """
 
 import itertools
@@ -14,7 +14,7 @@ from scale.engine.kinds import SETTINGS
 from scale.engine.kinds import setting_overrides as engine_overrides
 from scale.errors import UserError
 
-SHORT_KEYS = ("engine", "precision", "ac", "micro_batch", "crops", "batch")
+SHORT_KEYS = ("engine", "precision", "ac", "compile", "micro_batch", "crops", "batch")
 CROPS = re.compile(r"^(\d+)x(\d+)((?:\+\d+x\d+)*)$")
 
 
@@ -60,6 +60,8 @@ def setting_overrides(key: str, value: str) -> list[str]:
         return engine_overrides(value)
     if key == "precision":
         return [f"engine.precision={value}"]
+    if key == "compile":
+        return [f"engine.compile={value}"]
     if key == "ac":
         if value.startswith("every"):
             every = value[len("every") :].lstrip("_")
@@ -98,9 +100,10 @@ def mib(value) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """One line per setting: throughput, phases (s per step), communication, memory (MiB), MFU."""
+    """One line per setting: throughput, phases (s per step), communication, memory (MiB), MFU, and the seconds
+    spent compiling (engine.compile; not part of the step time)."""
     head = (
-        f"{'setting':32s} {'step s':>8s} {'img/s':>8s} {'img/s/dev':>9s} {'crops/s/dev':>11s} "
+        f"{'setting':32s} {'step s':>8s} {'compile s':>9s} {'img/s':>8s} {'img/s/dev':>9s} {'crops/s/dev':>11s} "
         f"{'data':>6s} {'fwd':>7s} {'bwd':>7s} {'optim':>6s} {'other':>6s} {'comm':>6s} "
         f"{'peak MiB':>9s} {'RSS MiB':>8s} {'state MiB':>9s} {'MFU':>6s}"
     )
@@ -109,7 +112,7 @@ def format_table(rows: list[dict]) -> str:
         p = row["phases"]
         mfu = f"{100 * row['mfu']:5.1f}%" if row.get("mfu") is not None else "-"
         lines.append(
-            f"{row['label'][:32]:32s} {row['step_s']:8.3f} {row['images_per_s']:8.2f} "
+            f"{row['label'][:32]:32s} {row['step_s']:8.3f} {row['compile_s']:9.1f} {row['images_per_s']:8.2f} "
             f"{row['images_per_s_per_device']:9.2f} {row['crops_per_s_per_device']:11.2f} {p['data']:6.3f} "
             f"{p['forward']:7.3f} {p['backward']:7.3f} {p['optimizer']:6.3f} {p['other']:6.3f} "
             f"{row['comm_s']:6.3f} {mib(row['peak_bytes']):>9s} {mib(row.get('rss_peak_bytes')):>8s} "

@@ -11,7 +11,11 @@ Measured, per rank, then combined over ranks (the slowest rank's time, the large
 - communication: time inside collectives during the profiled step (scale.bench.memory), which overlaps phases;
 - peak memory: see scale.bench.memory (CUDA max allocated; CPU tracked tensor bytes and peak RSS);
 - per-rank bytes of parameters, gradients, optimizer state and teacher (`Engine.memory()`);
-- MFU: model FLOPs of the step (scale.bench.flops) / step time / peak FLOP/s of the devices.
+- MFU: model FLOPs of the step (scale.bench.flops) / step time / peak FLOP/s of the devices;
+- compile time (engine.compile): the seconds torch.compile spent tracing and generating code in this setting, by
+  dynamo's own clock (forward graphs in the warm-up step, backward graphs at its first backward); apart from the
+  step time, which is measured after it. Each setting starts with empty dynamo caches, but inductor's on-disk cache
+  of generated code, warm from an earlier run, shortens it.
 """
 
 import contextlib
@@ -22,6 +26,7 @@ from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import calculate_time_spent
 
 from scale.bench.flops import device_peak, step_flops
 from scale.bench.memory import MemoryTrace
@@ -67,9 +72,16 @@ def barrier() -> None:
         dist.barrier()
 
 
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent in this process (dynamo's accounting of frame and backward compiles)."""
+    return calculate_time_spent().get("total_wall_time", 0.0)
+
+
 def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: int, synthetic: bool) -> dict:
     """This rank's numbers for one setting."""
     info = as_parallel(info, device, cfg.engine.shard_size)
+    torch._dynamo.reset()  # this setting compiles its own graphs (engine.compile)
+    compile_start = compile_seconds()
     timer = PhaseTimer(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with MemoryTrace(device) as memory:
@@ -104,6 +116,7 @@ def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: 
         "step_s": statistics.mean(times),
         "step_s_median": statistics.median(times),
         "step_s_min": min(times),
+        "compile_s": compile_seconds() - compile_start,
         "phases": phases,
         "state": trainer.engine.memory(),
         "loss": read_record(record)["loss"],

@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import FlopCounterMode
 
 from scale.bench.synthetic import SyntheticLoader
+from scale.engine.activation import part_blocks
 from scale.engine.base import Engine
 from scale.engine.parallel import ParallelContext
 from scale.engine.params import named_parameters
@@ -67,7 +68,7 @@ class StepTrace:
 
 def block_modules(net: nn.Module) -> list[nn.Module]:
     """The transformer blocks of the net's parts (what the engines checkpoint and shard)."""
-    return [b for part in net.children() if hasattr(part, "block_modules") for b in part.block_modules()]
+    return [block for part in net.children() for block in part_blocks(part)]
 
 
 def storage_key(t: torch.Tensor) -> int:

@@ -73,7 +73,7 @@ def _train_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="KEY=V1,V2",
-        help="compare settings: engine, precision, ac, micro_batch, crops, batch or a recipe key",
+        help="compare settings: engine, precision, ac, compile, micro_batch, crops, batch or a recipe key",
     )
     parser.add_argument("--json", help="also write the rows to this JSON file")
     parser.add_argument("--nproc", type=int, default=0, help="spawn this many local processes (CPU: gloo)")

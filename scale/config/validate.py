@@ -90,6 +90,12 @@ def _cross_field(cfg: DictConfig) -> Iterator[tuple[str, str]]:
         yield "optim.betas", "needs 2 values"
     if cfg.engine.meta_init and cfg.train.init_weights and cfg.engine.kind != "fsdp2":
         yield "engine.meta_init", "with train.init_weights needs engine.kind=fsdp2"
+    if cfg.engine.compile and cfg.engine.kind == "deepspeed" and cfg.engine.zero_stage == 3:
+        yield (
+            "engine.compile",
+            "needs engine.zero_stage 1 or 2 with engine.kind=deepspeed: ZeRO-3 fetches each layer's parameters in "
+            "hooks inside the blocks, which torch.compile cannot trace (engine.kind=fsdp2 shards and compiles)",
+        )
 
 
 def check_recipe(cfg: DictConfig, schema: type, origins: Origins) -> None:

@@ -9,14 +9,16 @@ outputs: a ViT-B block (fp32, no drop path) then holds 3.8 x (tokens x D) values
 without checkpointing (4.2x less; keeping every matmul: 10.8, 1.5x less; torchtitan's alternation, which here keeps
 qkv and fc1: 8.8, 1.8x), for recomputing 56% of the block's forward FLOPs (full checkpointing: 100%).
 
-torch's composable non-reentrant `checkpoint` keeps parameter names unchanged and composes with DDP, FSDP2 and
-DeepSpeed; being non-reentrant it supports several forwards of the same blocks per step (multi-crop).
+A checkpointed block's `forward` runs inside torch's non-reentrant `checkpoint` (set on the instance, so parameter
+names are unchanged). Being a function of the forward rather than module hooks, it composes with DDP, FSDP2 and
+DeepSpeed (their hooks stay around the block's call), with several forwards of the same blocks per step
+(multi-crop), and with engine.compile: the checkpoint is traced inside the compiled block, where the compiler's
+partitioner recomputes what the policy says (scale/engine/compile.py).
 """
 
 import torch
 from torch import nn
-from torch.distributed._composable import checkpoint
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from scale.errors import UserError
 
@@ -49,6 +51,11 @@ def selective_context():
     return create_selective_checkpoint_contexts(_keep_narrow_outputs)
 
 
+def part_blocks(part: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of one part of a method's net (its backbone's block_modules()); none for a head."""
+    return list(part.block_modules()) if hasattr(part, "block_modules") else []
+
+
 def blocks_to_checkpoint(model: nn.Module, mode: str, every_n: int) -> list[nn.Module]:
     if mode not in MODES:
         raise UserError(f"engine.activation_checkpointing='{mode}' is not one of {', '.join(MODES)}")
@@ -58,9 +65,8 @@ def blocks_to_checkpoint(model: nn.Module, mode: str, every_n: int) -> list[nn.M
         raise UserError(f"engine.ac_every_n must be >= 1, got {every_n}")
     chosen = []
     for part in model.children():
-        if hasattr(part, "block_modules"):
-            blocks = list(part.block_modules())
-            chosen += blocks[::every_n] if mode == "every_n" else blocks
+        blocks = part_blocks(part)
+        chosen += blocks[::every_n] if mode == "every_n" else blocks
     if not chosen:
         raise UserError(
             f"engine.activation_checkpointing={mode} needs a backbone with block_modules(); "
@@ -69,10 +75,21 @@ def blocks_to_checkpoint(model: nn.Module, mode: str, every_n: int) -> list[nn.M
     return chosen
 
 
+class Checkpointed:
+    """A block's forward run under non-reentrant checkpointing. It holds the forward as a bound method, so that a
+    deep copy of the block calls the copy's own forward."""
+
+    def __init__(self, forward, selective: bool):
+        self.forward, self.selective = forward, selective
+
+    def __call__(self, *args, **kwargs):
+        context = {"context_fn": selective_context} if self.selective else {}
+        return checkpoint(self.forward, *args, use_reentrant=False, **context, **kwargs)
+
+
 def apply_activation_checkpointing(model: nn.Module, mode: str, every_n: int) -> int:
     """Checkpoint the chosen blocks in place; returns how many."""
     blocks = blocks_to_checkpoint(model, mode, every_n)
-    kwargs = {"context_fn": selective_context} if mode == "selective" else {}
     for block in blocks:
-        checkpoint(block, **kwargs)
+        block.forward = Checkpointed(block.forward, selective=mode == "selective")
     return len(blocks)

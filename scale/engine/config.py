@@ -13,6 +13,11 @@ class EngineConfig:
     # see scale/engine/activation.py
     activation_checkpointing: str = choice("none", ["none", "full", "every_n", "selective"])
     ac_every_n: int = at_least(2, 1)
+    # torch.compile per transformer block and head (see scale/engine/compile.py); ddp and fsdp2.
+    # compile_backend: inductor (generated kernels) or aot_eager (the same graphs on eager kernels: to tell a
+    # kernel problem from a tracing one, and cheap to compile for tests)
+    compile: bool = False
+    compile_backend: str = choice("inductor", ["inductor", "aot_eager"])
     zero_stage: int = choice(1, [1, 2, 3])  # deepspeed only
     grad_accum: int = at_least(1, 1)
     # fsdp2: shard each parameter over groups of shard_size ranks and replicate across the groups (HSDP; one node's

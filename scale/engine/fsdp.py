@@ -20,6 +20,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from scale.engine.activation import part_blocks
 from scale.engine.ema import copy_student_to_teacher
 from scale.engine.materialize import materialize
 from scale.engine.torch_engine import TorchEngine
@@ -71,7 +72,7 @@ class FSDPEngine(TorchEngine):
                     )
                     fully_shard(sub, mesh=self.mesh, reshard_after_forward=reshard_after_forward, mp_policy=bn_policy)
         for part in model.children():
-            for block in part.block_modules() if hasattr(part, "block_modules") else []:
+            for block in part_blocks(part):
                 fully_shard(block, **kwargs)
             if has_params(part):
                 fully_shard(part, **kwargs)

@@ -66,14 +66,18 @@ def check_grid(grid: Grid, table_grid: Grid, what: str) -> None:
 
 
 class GeometryCache(nn.Module):
-    """Per-input-size index and mask tensors, cached by (size, device); cleared by `clear_cache` (FLOP counting
-    traces with fake tensors, `init_weights` after `to_empty`)."""
+    """Per-input-size index and mask tensors, cached by (size, device) in eager mode; cleared by `clear_cache` (FLOP
+    counting traces with fake tensors, `init_weights` after `to_empty`)."""
 
     def __init__(self):
         super().__init__()
         self.geometry_cache: dict = {}
 
     def cached(self, key, build):
+        if torch.compiler.is_compiling():
+            # traced into the block's graph instead (constants of its input size); a cache write inside a compiled,
+            # checkpointed block is a side effect torch.compile refuses
+            return build()
         if key not in self.geometry_cache:
             self.geometry_cache[key] = build()
         return self.geometry_cache[key]

@@ -108,18 +108,25 @@ class SizeAdaptiveSwinBlock(SwinTransformerBlock):
         return block
 
     def geometry(self, size: tuple[int, int], device: torch.device, dtype: torch.dtype):
+        if torch.compiler.is_compiling():
+            # traced into the block's graph instead (constants of its input size); a cache write inside a compiled,
+            # checkpointed block is a side effect torch.compile refuses
+            return self.build_geometry(size, device, dtype)
         key = (size, device, dtype)
         if key not in self.geometry_cache:
-            table_window = self.attn.window_size
-            window, shift = window_and_shift(size, table_window, shifted=any(self.target_shift_size))
-            mask = shifted_window_mask(size, window, shift, device=device)
-            self.geometry_cache[key] = (
-                window,
-                shift,
-                relative_position_index(window, table_window, device),
-                None if mask is None else mask.to(dtype),
-            )
+            self.geometry_cache[key] = self.build_geometry(size, device, dtype)
         return self.geometry_cache[key]
+
+    def build_geometry(self, size: tuple[int, int], device: torch.device, dtype: torch.dtype):
+        table_window = self.attn.window_size
+        window, shift = window_and_shift(size, table_window, shifted=any(self.target_shift_size))
+        mask = shifted_window_mask(size, window, shift, device=device)
+        return (
+            window,
+            shift,
+            relative_position_index(window, table_window, device),
+            None if mask is None else mask.to(dtype),
+        )
 
     def _attn(self, x: torch.Tensor) -> torch.Tensor:
         batch, height, width, channels = x.shape

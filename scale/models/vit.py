@@ -38,7 +38,9 @@ class TokenBatchNorm(nn.Module):
         self.bn = nn.BatchNorm1d(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bn(x.transpose(1, 2)).transpose(1, 2)
+        # tokens as rows: the statistics of [B, D, N], without the transposes, whose output strides torch.compile's
+        # aot_eager backend mispredicts (the next view fails)
+        return self.bn(x.flatten(0, 1)).view_as(x)
 
 
 class BNMlpBlock(Block):

@@ -23,6 +23,11 @@ TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))
 def test_matrix_settings_become_recipe_overrides():
     assert setting_overrides("engine", "zero3") == ["engine.kind=deepspeed", "engine.zero_stage=3"]
     assert setting_overrides("ac", "every3") == ["engine.activation_checkpointing=every_n", "engine.ac_every_n=3"]
+    assert setting_overrides("compile", "true") == ["engine.compile=true"]
+    assert parse_matrix(["compile=false,true", "ac=none,selective"]) == [
+        ("compile", ["false", "true"]),
+        ("ac", ["none", "selective"]),
+    ]
     assert crop_overrides("2x224+10x96") == [
         "data.views.n_global=2",
         "data.views.global_size=224",
@@ -108,6 +113,7 @@ def test_table_formatting():
     row = {
         "label": "ac=none",
         "step_s": 2.0,
+        "compile_s": 31.0,
         "images_per_s": 4.0,
         "images_per_s_per_device": 2.0,
         "crops_per_s_per_device": 12.0,
@@ -119,4 +125,4 @@ def test_table_formatting():
         "phases": {"data": 0.0, "forward": 0.5, "backward": 1.0, "optimizer": 0.3, "other": 0.2},
     }
     line = format_table([row]).splitlines()[1]
-    assert "ac=none" in line and "25.0%" in line and " 1.0 " in line and " 2.0 " in line
+    assert "ac=none" in line and "25.0%" in line and " 1.0 " in line and " 2.0 " in line and " 31.0 " in line

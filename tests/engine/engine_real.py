@@ -7,6 +7,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from engine_toy import all_ranks, shard_batch
 from omegaconf import OmegaConf
+from torch._dynamo.utils import counters
 
 from scale.config.schema import Recipe
 from scale.data.batch import Batch
@@ -67,6 +68,8 @@ def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1, steps: int = ST
     from scale.optim import apply_schedule
 
     drloc.sample_positions = fixed_positions  # in the spawned rank only
+    torch._dynamo.reset()  # engine.compile: each run compiles its own graphs, counted from here
+    graphs_before = counters["stats"]["unique_graphs"]
     cfg = recipe(kind, engine_kw, freeze_epochs)
     device = device_for(detect())
     info = parallel_context(detect(), device, cfg.engine.shard_size)
@@ -94,6 +97,7 @@ def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1, steps: int = ST
         "memory": all_ranks(engine.memory()),  # every rank's bytes, in rank order
         "student": engine.export_state_dict("student"),
         "teacher": engine.export_state_dict("teacher") if method.teacher is not None else {},
+        "compiled_graphs": counters["stats"]["unique_graphs"] - graphs_before,
     }
 
 

@@ -1,4 +1,4 @@
-"""One parallelize path in one order: conversions, activation checkpointing, then the engine's wrap."""
+"""One parallelize path in one order: conversions, activation checkpointing, compile, then the engine's wrap."""
 
 from types import SimpleNamespace
 
@@ -10,11 +10,14 @@ from scale.engine.parallelize import parallelize
 from scale.engine.precision import resolve_precision
 
 
-def test_conversions_then_checkpointing_then_wrap(monkeypatch):
+def test_conversions_then_checkpointing_then_compile_then_wrap(monkeypatch):
     calls = []
     monkeypatch.setattr(parallelize_module, "convert_modules", lambda *a: calls.append("convert"))
     monkeypatch.setattr(parallelize_module, "apply_activation_checkpointing", lambda *a: calls.append("checkpoint"))
+    monkeypatch.setattr(parallelize_module, "apply_compile", lambda *a: calls.append("compile"))
     method = SimpleNamespace(student=None, teacher=None)
-    cfg = OmegaConf.create({"activation_checkpointing": "full", "ac_every_n": 1, "sync_bn": True})
+    cfg = OmegaConf.create(
+        {"activation_checkpointing": "full", "ac_every_n": 1, "sync_bn": True, "compile": True, "compile_backend": "x"}
+    )
     parallelize(method, cfg, resolve_precision("fp32", torch.device("cpu")), None, lambda: calls.append("wrap"))
-    assert calls == ["convert", "checkpoint", "wrap"]
+    assert calls == ["convert", "checkpoint", "compile", "wrap"]

@@ -1,11 +1,13 @@
 """The training step never makes the host wait for the device between log steps: no `.item()`, `.tolist()`,
 `bool(tensor)` or host copy (each of them calls aten._local_scalar_dense, counted here), for every method under
-DDP and FSDP2 (one gloo process), multi-crop included."""
+DDP and FSDP2 (one gloo process), multi-crop included, and with engine.compile, whose compiled steps also reuse the
+first step's graphs."""
 
 import traceback
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scale.bench.synthetic import SyntheticLoader
@@ -34,6 +36,12 @@ class SyncCounter(TorchDispatchMode):
 
     def _record(self) -> None:
         self.places.append("".join(traceback.format_stack(limit=7)[:-2]))
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile runs its graphs under this mode instead of refusing them; under the aot_eager backend
+        # their ops still dispatch one by one, so a host read inside a compiled graph is counted too
+        return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
@@ -104,3 +112,33 @@ def test_selective_checkpointing_trains_as_without(group, engine):
     assert selective_losses == pytest.approx(plain_losses, abs=1e-6)
     for name, value in plain.items():
         torch.testing.assert_close(selective[name], value, rtol=0, atol=1e-6, msg=name)
+
+
+# aot_eager: the graphs inductor would compile, run on eager kernels (each op still dispatches, so a host read in a
+# graph is counted), at a fraction of inductor's compile time on a CPU
+COMPILE = ["engine.compile=true", "engine.compile_backend=aot_eager", "model.drop_path=0.1"]
+# multi-crop: ViT with 2 global (16 px) + 2 local crops of each of two sizes, Swin with 2 global + 2 local
+CROPS = {"dino": ["data.views.local_sizes=[8,12]", "data.views.n_local=[2,2]"], "esvit": []}
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("method", ["dino", "esvit"])
+def test_compiled_steps_reuse_the_first_steps_graphs_and_do_not_sync(group, method, engine):
+    """engine.compile: the first step compiles a graph per distinct block (drop-path rate) and crop resolution, for
+    the student, the teacher and the heads; the next steps run them again without recompiling, without a graph
+    break and without a host sync."""
+    torch._dynamo.reset()
+    counters.clear()
+    step = build_step(group, method, engine, *COMPILE, *CROPS[method])
+    batches = step.batches()
+    step(0, step.next_batch(batches)[0])
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= len(step.cfg.data.views.local_sizes) + 1  # at least one per resolution
+    for index in (1, 2, 3):
+        batch = step.next_batch(batches)[0]
+        with SyncCounter() as counter:
+            record = step(index, batch)
+        assert not counter.places, f"{len(counter.places)} host syncs in step {index}, first at:\n{counter.places[0]}"
+        assert counters["stats"]["unique_graphs"] == graphs, f"step {index} recompiled"
+    assert not counters["graph_break"]
+    assert torch.isfinite(torch.tensor(read_record(record)["loss"]))

@@ -206,6 +206,16 @@ def test_views_must_suit_the_method(recipes):
     assert load_recipe("dino/vit_s16", ["method.kind=mocov3", "data.views.kind=two_view"]).method.kind == "mocov3"
 
 
+def test_compile_is_refused_under_zero3_only(recipes, capsys):
+    zero3 = ["engine.kind=deepspeed", "engine.zero_stage=3", "engine.compile=true"]
+    with pytest.raises(ConfigError, match=r"command line: engine\.compile=True: needs engine\.zero_stage 1 or 2"):
+        load_recipe("dino/vit_s16", zero3)
+    assert main(["recipes", "show", "dino/vit_s16", *zero3]) == 2
+    assert "engine.compile" in capsys.readouterr().err
+    assert load_recipe("dino/vit_s16", [*zero3[:1], "engine.zero_stage=2", zero3[2]]).engine.compile
+    assert load_recipe("dino/vit_s16", ["engine.kind=fsdp2", "engine.compile=true"]).engine.compile
+
+
 def test_override_value_that_is_not_yaml(recipes):
     for bad in ["train.max_steps=[1,", 'meta.notes="open', "meta.notes=@x"]:
         with pytest.raises(ConfigError, match=r"command line: override '.*': the value is not valid YAML"):

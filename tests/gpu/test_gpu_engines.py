@@ -7,13 +7,15 @@ against the same run on the CPU (one process, DDP, fp32):
   CPU loss, the later ones within 20% (DINO's loss swings from 1.7 to 6.5 in one step here, which amplifies rounding:
   bf16 on the CPU measured up to 1.1% and 10%), weights within 1.5e-3 on average per tensor (CPU bf16: up to 1e-3;
   a run whose updates are lost is 2.5e-3 to 4e-3 away). No bound on single weights: Adam moves each by about the
-  learning rate."""
+  learning rate;
+- engine.compile (inductor's CUDA kernels) on 1 GPU under DDP and FSDP2, fp32: as fp32 eager, within 1e-4 of the
+  CPU's eager run."""
 
 import pytest
 import torch
 from engine_real import LR, real_jobs
 from engine_toy import spawn
-from gpu_env import DEVICE, SELF_CHECK
+from gpu_env import DEVICE, SELF_CHECK, require_cuda
 from gpu_jobs import in_fp32
 
 pytestmark = pytest.mark.gpu
@@ -26,6 +28,7 @@ ENGINES = {
     "zero3": {"kind": "deepspeed", "zero_stage": 3},
 }
 MIXED = ["bf16"] if SELF_CHECK else ["bf16", "fp16"]  # fp16 needs CUDA
+COMPILED = ["ddp", "fsdp2"]
 FP32_TOL = 1e-4
 
 
@@ -56,6 +59,17 @@ def one_gpu(tmp_path_factory):
 def two_gpus(tmp_path_factory):
     pytest.importorskip("deepspeed")
     return spawn(in_fp32, real_jobs, jobs("fp32"), world=2, tmp_path=tmp_path_factory.mktemp("gpu2"), device=DEVICE)
+
+
+@pytest.fixture(scope="module")
+def compiled_gpu(tmp_path_factory):
+    require_cuda("engine.compile's CUDA kernels (inductor, Triton)")
+    jobs_ = [
+        (f"{method}_{engine}", method, {**ENGINES[engine], "compile": True}, 0)
+        for method in METHODS
+        for engine in COMPILED
+    ]
+    return spawn(in_fp32, real_jobs, jobs_, world=1, tmp_path=tmp_path_factory.mktemp("compiled"), device=DEVICE)
 
 
 def assert_close_to_cpu(run: dict, ref: dict, tol: float) -> None:
@@ -93,3 +107,11 @@ def test_mixed_precision_is_finite_and_close_to_fp32(one_gpu, cpu, precision, me
             if value.is_floating_point():
                 assert torch.isfinite(got).all(), f"{part} {name}"
                 assert (got.float() - value).abs().mean() < 1.5 * LR, f"{part} {name}"
+
+
+@pytest.mark.parametrize("engine", COMPILED)
+@pytest.mark.parametrize("method", METHODS)
+def test_compiled_on_one_gpu_equals_the_cpu(compiled_gpu, cpu, method, engine):
+    run = compiled_gpu[f"{method}_{engine}"]
+    assert run["compiled_graphs"] > 0
+    assert_close_to_cpu(run, cpu[method], FP32_TOL)

@@ -1,0 +1,56 @@
+"""engine.compile: `torch.compile` per transformer block and per head of the student and the teacher, as
+torchtitan and DINOv3 compile (one graph per block, not the whole model).
+
+- What is compiled is each block's (and head's) `forward`, replaced on the instance: parameter names and state
+  dict keys are unchanged, so checkpoints load whether compile is on or off. The engine's wrap comes after and its
+  hooks (FSDP2's all-gather and reshard, ZeRO-3's parameter fetch) run eagerly around the compiled forward; a
+  checkpointed block's forward (scale/engine/activation.py) is traced with its checkpoint inside.
+- Static shapes (`dynamic=False`): each crop resolution (2 global + N local crops: one batch shape per group) gets
+  its own specialised graph in the first step, and later steps reuse them, with no recompilation.
+- Blocks are compiled with `fullgraph=True` (every backbone's blocks trace without a graph break: tested), so a
+  break is an error, not a silent slowdown. Heads may hold engine units of their own (FSDP2 makes each BatchNorm
+  an fp32 unit under mixed precision) whose hooks must run eagerly, so they may break.
+"""
+
+import torch
+from torch import nn
+
+from scale.engine.activation import part_blocks
+from scale.methods.base import Method
+
+BACKENDS = ("inductor", "aot_eager")  # inductor: generated kernels; aot_eager: the same graphs run by eager ops
+
+# Dynamo keeps the graphs of one function's code together, whichever module calls it, and by default gives up
+# (fullgraph: fails) after 8 of them. Identical blocks share a graph, but every block's stochastic-depth rate is a
+# constant of its graph, and crop resolution and grad mode (student or no-grad teacher) specialise it too: ViT-S/16
+# with drop-path already needs 12 rates x 2 resolutions + the teacher = 25 graphs, ViT-H/14 with 32 blocks and
+# three crop sizes about 100. Dynamo's cap over all regions of one function (accumulated_recompile_limit) is 256.
+RECOMPILE_LIMIT = 256
+
+
+def compile_forward(module: nn.Module, backend: str, fullgraph: bool) -> None:
+    module.forward = torch.compile(
+        module.forward, backend=backend, fullgraph=fullgraph, dynamic=False, recompile_limit=RECOMPILE_LIMIT
+    )
+
+
+def compile_net(net: nn.Module, backend: str) -> int:
+    """Compile every block of the net's parts and every part without blocks that holds parameters (the heads);
+    returns how many modules."""
+    count = 0
+    for part in net.children():
+        blocks = part_blocks(part)
+        for block in blocks:
+            compile_forward(block, backend, fullgraph=True)
+        is_head = not blocks and any(True for _ in part.parameters())
+        if is_head:
+            compile_forward(part, backend, fullgraph=False)
+        count += len(blocks) + is_head
+    return count
+
+
+def apply_compile(method: Method, enabled: bool, backend: str) -> int:
+    """Compile the student's and the teacher's blocks and heads in place when `enabled`; returns how many modules."""
+    if not enabled:
+        return 0
+    return sum(compile_net(net, backend) for net in (method.student, method.teacher) if net is not None)

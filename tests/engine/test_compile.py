@@ -1,0 +1,145 @@
+"""engine.compile as scale applies it (scale.engine.compile): every backbone's blocks trace into one graph each
+(`fullgraph=True`, activation checkpointing inside), the checkpoint's recomputation is in the compiled backward,
+names and checkpoints do not change, and inductor (the default backend) gives eager's numbers."""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+from torch._dynamo.utils import counters
+
+from scale.engine.activation import apply_activation_checkpointing
+from scale.engine.compile import apply_compile, compile_forward, compile_net
+from scale.models import build_backbone
+from scale.models.config import ModelConfig
+from scale.models.heads import DinoHead
+
+# name, model img_size, input size: every family that exposes block_modules(); the first two in the fast tier
+BACKBONES = [
+    ("vit_nano", 32, 32),
+    ("swin_nano", 224, 64),
+    *[
+        pytest.param(name, img, size, marks=pytest.mark.slow)
+        for name, img, size in [
+            ("vit_bn_nano", 32, 32),
+            ("cvt_nano", 64, 64),
+            ("cvt_nano_w", 64, 64),
+            ("pvt_nano", 64, 64),
+            ("vil_nano", 64, 64),
+            ("t2t_vit_nano", 64, 64),
+            ("resnet_nano", 64, 64),
+        ]
+    ],
+]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def net_of(name: str, img_size: int, drop_path: float = 0.1) -> nn.ModuleList:
+    """A backbone as the one part of a net, as the engines see a method's student."""
+    torch.manual_seed(0)
+    return nn.ModuleList([build_backbone(ModelConfig(name=name, img_size=img_size), drop_path=drop_path)])
+
+
+def seeded(backbone: nn.Module, x: torch.Tensor) -> dict:
+    torch.manual_seed(1)
+    return backbone(x)
+
+
+@pytest.mark.parametrize("name,img_size,size", BACKBONES)
+def test_every_block_compiles_into_one_graph_checkpoint_included(name, img_size, size):
+    plain = net_of(name, img_size)
+    net = copy.deepcopy(plain)
+    apply_activation_checkpointing(net, "full", 1)
+    # fullgraph=True fails on any graph break; aot_eager also traces the backward and runs the graphs on eager ops
+    backend = CompileCounterWithBackend("aot_eager")
+    blocks = compile_net(net, backend)
+    assert blocks == len(net[0].block_modules())
+    x = torch.randn(2, 3, size, size)
+    out, ref = (seeded(model[0], x) for model in (net, plain))  # the same drop-path draws
+    torch.testing.assert_close(out["tokens"], ref["tokens"])
+    assert 1 <= backend.frame_count <= blocks and not counters["graph_break"]
+    out["tokens"].sum().backward()
+    assert [k for k, _ in net.named_parameters()] == [k for k, _ in plain.named_parameters()]
+
+
+class GraphRecorder:
+    """An aot_eager-like backend that keeps the backward graphs it compiles."""
+
+    def __init__(self):
+        self.backward: list[torch.fx.GraphModule] = []
+        self.backend = aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=self.record)
+
+    def record(self, gm, _):
+        self.backward.append(gm)
+        return gm
+
+    def count(self, op) -> int:
+        return sum(node.target == op for gm in self.backward for node in gm.graph.nodes)
+
+
+@pytest.mark.parametrize(
+    "mode,norms,linears", [("none", False, False), ("full", True, True), ("selective", True, False)]
+)
+def test_checkpointing_is_recomputed_inside_the_compiled_backward(mode, norms, linears):
+    """In compiled ViT blocks, the checkpoint policy decides what the backward graphs recompute: full reruns the
+    LayerNorms and linear layers, selective only the LayerNorms (it keeps the matmul outputs), none nothing."""
+    plain = net_of("vit_nano", 32)
+    net = copy.deepcopy(plain)
+    apply_activation_checkpointing(net, mode, 1)
+    recorder = GraphRecorder()
+    compile_net(net, recorder.backend)
+    x = torch.randn(2, 3, 32, 32)
+    for model in (net, plain):
+        seeded(model[0], x)["pooled"].square().sum().backward()
+    assert len(recorder.backward) == 3  # one per block: each has its own drop-path rate
+    aten = torch.ops.aten
+    assert (recorder.count(aten.native_layer_norm.default) > 0) == norms
+    assert (recorder.count(aten.addmm.default) > 0) == linears
+    for (key, p), q in zip(net.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=key)
+
+
+def test_compile_keeps_state_dict_keys_and_loads_either_way():
+    """Checkpoints load whether engine.compile is on or off: compiling replaces forwards, not modules."""
+    plain = nn.ModuleDict({"backbone": net_of("vit_nano", 32, drop_path=0.0)[0], "head": DinoHead(64, 32, 16, 8)})
+    compiled = copy.deepcopy(plain)
+    for p in plain.parameters():
+        p.data.normal_()  # different weights, to see them load
+    assert apply_compile(SimpleNamespace(student=compiled, teacher=None), True, CompileCounter()) == 4  # 3 blocks, head
+    assert apply_compile(SimpleNamespace(student=plain, teacher=None), False, "inductor") == 0
+    assert list(compiled.state_dict()) == list(plain.state_dict())
+    assert not counters["graph_break"]
+    compiled.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(
+        compiled["head"](compiled["backbone"](x)["pooled"]), plain["head"](plain["backbone"](x)["pooled"])
+    )
+    plain.load_state_dict(compiled.state_dict())
+
+
+@pytest.mark.slow  # inductor compiles C++ kernels: about a minute on 2 cores without its on-disk cache
+def test_inductor_block_matches_eager():
+    """The default backend on one tiny block: outputs and input gradients as eager's, to float rounding."""
+    block = net_of("vit_nano", 32, drop_path=0.0)[0].blocks[0]
+    compiled = copy.deepcopy(block)
+    compile_forward(compiled, "inductor", fullgraph=True)
+    x = torch.randn(2, 17, 64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    out, ref = compiled(x), block(x_ref)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
+    for (key, p), q in zip(compiled.named_parameters(), block.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=key)
