@@ -1,4 +1,4 @@
-"""`--matrix key=v1,v2 ...`: the settings to compare in one run (their cartesian product), as recipe overrides,
+"""`--matrix key=v1,v2` (one axis per flag, repeated): the settings to compare in one run (their cartesian product), as recipe overrides,
 and the one table that compares them.
 
 Keys: engine (ddp, fsdp2, zero1, zero2, zero3), precision (fp32, bf16, fp16), ac (none, full, selective, every<N>),
@@ -28,6 +28,14 @@ def parse_matrix(items: list[str]) -> list[tuple[str, list[str]]]:
             raise UserError(f"--matrix key '{key}' is neither one of {', '.join(SHORT_KEYS)} nor a dotted recipe key")
         axes.append((key, [v for v in values.split(",") if v]))
     return axes
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """A matrix axis among the overrides (`--matrix a=1,2 b=3,4`, the form where each flag took several axes) fails
+    naming the fix, rather than as an unknown recipe key."""
+    for item in overrides:
+        if item.partition("=")[0] in SHORT_KEYS:
+            raise UserError(f"'{item}' is a matrix axis: give each axis its own flag, --matrix {item}")
 
 
 def combinations(axes: list[tuple[str, list[str]]]) -> list[dict[str, str]]:

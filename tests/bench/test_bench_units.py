@@ -10,6 +10,8 @@ from scale.bench.memory import union_seconds
 from scale.bench.synthetic import SyntheticLoader, crop_layout, random_batch
 from scale.bench.tables import IMAGENET_TRAIN, hours, scaled
 from scale.bench.trace import trace_step
+from scale.cli import main
+from scale.commands.bench import _train_parser
 from scale.config import load_recipe
 from scale.errors import UserError
 from scale.models.config import ModelConfig
@@ -39,6 +41,16 @@ def test_matrix_settings_become_recipe_overrides():
         load_setting(TINY_RECIPE, [], {"micro_batch": "5"}, world_size=2)
     with pytest.raises(UserError):
         crop_overrides("two crops")
+
+
+def test_matrix_takes_one_axis_per_flag_and_overrides_in_any_order(capsys):
+    argv = ["R", "--matrix", "engine=ddp,fsdp2", "optim.lr=0.1", "--steps", "2", "--matrix", "ac=none,full", "a.b=1"]
+    args = _train_parser().parse_intermixed_args(argv)
+    assert args.matrix == ["engine=ddp,fsdp2", "ac=none,full"]
+    assert args.overrides == ["optim.lr=0.1", "a.b=1"] and args.steps == 2
+    # the old form, several axes after one flag, names the fix before anything runs
+    assert main(["bench", TINY_RECIPE, "--matrix", "engine=ddp,fsdp2", "precision=fp32,bf16"]) == 2
+    assert "give each axis its own flag, --matrix precision=fp32,bf16" in capsys.readouterr().err
 
 
 def test_synthetic_batches_have_the_recipes_layout():
