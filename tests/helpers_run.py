@@ -4,9 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from scale.data.embedded import build
 from scale.launch.local import fresh_environment
 
 TINY = [
@@ -17,15 +14,6 @@ TINY = [
     "method.dino.hidden_dim=32",
     "method.dino.bottleneck_dim=16",
 ]
-
-
-@pytest.fixture(scope="session")
-def embedded_data(tmp_path_factory) -> Path:
-    """SCALE_DATA root with the embedded digits and photos shards, built once per test session."""
-    root = tmp_path_factory.mktemp("data")
-    for name in ("digits", "photos"):
-        build(name, root / "embedded" / name)
-    return root
 
 
 def clean_env(data_root: Path) -> dict:

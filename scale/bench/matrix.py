@@ -1,4 +1,4 @@
-"""`--matrix key=v1,v2 ...`: the settings to compare in one run (their cartesian product), as recipe overrides,
+"""`--matrix key=v1,v2` (one axis per flag, repeated): the settings to compare in one run (their cartesian product), as recipe overrides,
 and the one table that compares them.
 
 Keys: engine (ddp, fsdp2, zero1, zero2, zero3), precision (fp32, bf16, fp16), ac (none, full, selective, every<N>),
@@ -28,6 +28,14 @@ def parse_matrix(items: list[str]) -> list[tuple[str, list[str]]]:
             raise UserError(f"--matrix key '{key}' is neither one of {', '.join(SHORT_KEYS)} nor a dotted recipe key")
         axes.append((key, [v for v in values.split(",") if v]))
     return axes
+
+
+def split_axes(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """The recipe overrides and the matrix axes among them: a short key (`ac=none,full`) is never a recipe key, so
+    `--matrix compile=false,true ac=none,full` (several axes after one flag) means two axes, while a dotted override
+    after the flag (`optim.lr=0.1`) stays an override."""
+    axes = [item for item in overrides if item.partition("=")[0] in SHORT_KEYS]
+    return [item for item in overrides if item not in axes], axes
 
 
 def combinations(axes: list[tuple[str, list[str]]]) -> list[dict[str, str]]:

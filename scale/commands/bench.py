@@ -1,7 +1,8 @@
 """scale bench: throughput benchmarks.
 
-- `scale bench RECIPE [overrides] [--steps N] [--warmup W] [--synthetic-data] [--matrix key=v1,v2 ...] [--json F]
-  [--nproc N]`: real training steps (scale.bench.run), one table row per setting of the matrix;
+- `scale bench RECIPE [overrides] [--steps N] [--warmup W] [--synthetic-data] [--matrix key=v1,v2]... [--json F]
+  [--nproc N]`: real training steps (scale.bench.run), one table row per setting of the matrix (one axis per
+  `--matrix`, so that a following word is an override, never a swallowed axis);
 - `scale bench data RECIPE [--workers N] [--images N]` measures the data pipeline;
 - `scale bench table dino8|esvit9|mocov3-3 [--scale tiny|full] ...`: the papers' cost tables.
 The first word selects a benchmark from `BENCHES`; any other first word is a recipe.
@@ -70,10 +71,12 @@ def _train_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--matrix",
-        nargs="+",
+        action="append",
         default=[],
         metavar="KEY=V1,V2",
-        help="compare settings: engine, precision, ac, compile, micro_batch, crops, batch or a recipe key",
+        help="compare settings, one axis per flag (--matrix engine=ddp,fsdp2 --matrix ac=none,full) or, for the "
+        "short keys, several after one flag (--matrix engine=ddp,fsdp2 ac=none,full); rows are their product. Keys: "
+        "engine, precision, ac, compile, micro_batch, crops, batch or a dotted recipe key",
     )
     parser.add_argument("--json", help="also write the rows to this JSON file")
     parser.add_argument("--nproc", type=int, default=0, help="spawn this many local processes (CPU: gloo)")
@@ -93,14 +96,16 @@ def without_nproc(argv: list[str]) -> list[str]:
 
 
 def bench_train(argv: list[str]) -> int:
+    from scale.bench.matrix import format_table, run_matrix, split_axes
     from scale.config import load_recipe
     from scale.launch.local import already_launched, spawn
 
     args = _train_parser().parse_intermixed_args(argv)
+    args.overrides, axes = split_axes(args.overrides)
+    args.matrix += axes
     load_recipe(args.recipe, args.overrides)  # validate before spawning anything
     if args.nproc > 1 and not already_launched():
         return spawn(args.nproc, ["bench", *without_nproc(argv)])
-    from scale.bench.matrix import format_table, run_matrix
     from scale.engine.dist import detect, shutdown
 
     try:

@@ -3,12 +3,12 @@
 import pytest
 
 from scale.bench.checkpoint import measure, table
-from tests.helpers_run import TINY, embedded_data  # noqa: F401
+from tests.helpers_run import TINY
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
 
-def test_checkpoint_benchmark_sync_vs_async(embedded_data, monkeypatch):  # noqa: F811
+def test_checkpoint_benchmark_sync_vs_async(embedded_data, monkeypatch):
     monkeypatch.setenv("SCALE_DATA", str(embedded_data))
     rows = measure("demo/dino_tiny", TINY, steps=4, every=2, nproc=1)
     assert [r["mode"] for r in rows] == ["sync", "async"]

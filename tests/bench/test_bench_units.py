@@ -5,11 +5,12 @@ from pathlib import Path
 import pytest
 
 from scale.bench.flops import mfu, step_flops, table_peak
-from scale.bench.matrix import crop_overrides, format_table, load_setting, parse_matrix, setting_overrides
+from scale.bench.matrix import crop_overrides, format_table, load_setting, parse_matrix, setting_overrides, split_axes
 from scale.bench.memory import union_seconds
 from scale.bench.synthetic import SyntheticLoader, crop_layout, random_batch
 from scale.bench.tables import IMAGENET_TRAIN, hours, scaled
 from scale.bench.trace import trace_step
+from scale.commands.bench import _train_parser
 from scale.config import load_recipe
 from scale.errors import UserError
 from scale.models.config import ModelConfig
@@ -45,6 +46,17 @@ def test_matrix_settings_become_recipe_overrides():
         load_setting(TINY_RECIPE, [], {"micro_batch": "5"}, world_size=2)
     with pytest.raises(UserError):
         crop_overrides("two crops")
+
+
+def test_matrix_takes_axes_and_overrides_in_any_order():
+    argv = ["R", "--matrix", "engine=ddp,fsdp2", "optim.lr=0.1", "--steps", "2", "--matrix", "ac=none,full", "a.b=1"]
+    args = _train_parser().parse_intermixed_args(argv)
+    assert args.matrix == ["engine=ddp,fsdp2", "ac=none,full"]
+    assert args.overrides == ["optim.lr=0.1", "a.b=1"] and args.steps == 2
+    # several short-key axes after one flag (the form) are axes; a dotted override among them is not
+    argv = ["R", "--matrix", "compile=false,true", "ac=none,selective,full", "optim.lr=0.1"]
+    overrides, axes = split_axes(_train_parser().parse_intermixed_args(argv).overrides)
+    assert axes == ["ac=none,selective,full"] and overrides == ["optim.lr=0.1"]
 
 
 def test_synthetic_batches_have_the_recipes_layout():

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoint.test_resume import OVERRIDES, assert_same_state, final_state, losses, reference  # noqa: F401
-from tests.helpers_run import clean_env, embedded_data, run_train  # noqa: F401
+from tests.checkpoint.runs import OVERRIDES, assert_same_state, final_state, losses
+from tests.helpers_run import clean_env, run_train
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
@@ -53,7 +53,7 @@ def kill_one_rank_at_random(data_root: Path, run_dir: Path, rng: random.Random) 
     return status
 
 
-def test_random_kills_of_one_rank_resume_bit_identical(embedded_data, reference, tmp_path):  # noqa: F811
+def test_random_kills_of_one_rank_resume_bit_identical(embedded_data, reference, tmp_path):
     seed = int(os.environ.get("SCALE_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     print(f"SCALE_CHAOS_SEED={seed}")

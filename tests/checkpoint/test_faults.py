@@ -14,8 +14,8 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from scale.checkpoint.store import META, file_sizes, resolve
 from scale.cli import main as cli
-from tests.checkpoint.test_resume import OVERRIDES, assert_same_state, final_state, reference  # noqa: F401
-from tests.helpers_run import TINY, embedded_data, run_train  # noqa: F401
+from tests.checkpoint.runs import OVERRIDES, assert_same_state, final_state
+from tests.helpers_run import TINY, run_train
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
@@ -70,7 +70,7 @@ def craft(folder, name: str, marker) -> None:
     reseal(folder)
 
 
-def copy_run(reference, tmp_path):  # noqa: F811
+def copy_run(reference, tmp_path):
     shutil.copytree(reference, tmp_path, dirs_exist_ok=True)
     return resolve(tmp_path)
 
@@ -80,7 +80,7 @@ FILES = ["dcp/.metadata", "dcp/__1_0.distcp", "rng/rank0.pt", "rng/rank1.pt", "m
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_crafted_file_runs_no_code_in_ckpt_commands(reference, tmp_path, capsys, name):  # noqa: F811
+def test_crafted_file_runs_no_code_in_ckpt_commands(reference, tmp_path, capsys, name):
     folder = copy_run(reference, tmp_path / "run")
     marker = tmp_path / "marker"
     craft(folder, name, marker)
@@ -93,7 +93,7 @@ def test_crafted_file_runs_no_code_in_ckpt_commands(reference, tmp_path, capsys,
 
 
 @pytest.mark.parametrize("name", ["dcp/.metadata", "dcp/__1_0.distcp", "rng/rank1.pt"])
-def test_crafted_file_runs_no_code_on_resume(embedded_data, reference, tmp_path, name):  # noqa: F811
+def test_crafted_file_runs_no_code_on_resume(embedded_data, reference, tmp_path, name):
     folder = copy_run(reference, tmp_path / "run")
     marker = tmp_path / "marker"
     craft(folder, name, marker)
@@ -105,8 +105,8 @@ def test_crafted_file_runs_no_code_on_resume(embedded_data, reference, tmp_path,
 
 @pytest.mark.parametrize("name", ["rng/rank1.pt", "dcp/.metadata"])
 def test_one_damaged_file_makes_every_rank_resume_the_previous_checkpoint(
-    embedded_data,  # noqa: F811
-    reference,  # noqa: F811
+    embedded_data,
+    reference,
     tmp_path,
     name,
 ):
@@ -127,7 +127,7 @@ OPTIM_RANK1 = "engine/state/zero_pp_rank_1_mp_rank_00_optim_states.pt"
 
 
 @pytest.fixture(scope="module")
-def ds_reference(embedded_data, tmp_path_factory):  # noqa: F811
+def ds_reference(embedded_data, tmp_path_factory):
     pytest.importorskip("deepspeed")
     run_dir = tmp_path_factory.mktemp("ds_reference")
     out = run_train(embedded_data, run_dir, TINY + DS + [f"train.max_steps={DS_STEPS}"])
@@ -136,7 +136,7 @@ def ds_reference(embedded_data, tmp_path_factory):  # noqa: F811
 
 
 def test_deepspeed_rank_with_a_damaged_optimizer_file_resumes_with_the_others(
-    embedded_data,  # noqa: F811
+    embedded_data,
     ds_reference,
     tmp_path,
 ):
@@ -152,7 +152,7 @@ def test_deepspeed_rank_with_a_damaged_optimizer_file_resumes_with_the_others(
     assert rows[-2:] == [(3, ref[3]), (4, ref[4])]
 
 
-def test_deepspeed_crafted_optimizer_file_runs_no_code(embedded_data, ds_reference, tmp_path):  # noqa: F811
+def test_deepspeed_crafted_optimizer_file_runs_no_code(embedded_data, ds_reference, tmp_path):
     folder = copy_run(ds_reference, tmp_path / "run")
     marker = tmp_path / "marker"
     craft(folder, OPTIM_RANK1, marker)

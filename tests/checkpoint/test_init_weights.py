@@ -9,7 +9,7 @@ from scale.checkpoint.export import read_tensors
 from scale.checkpoint.store import resolve
 from scale.config import load_recipe
 from scale.models import build_backbone
-from tests.helpers_run import TINY, embedded_data, run_train  # noqa: F401
+from tests.helpers_run import TINY, run_train
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
@@ -27,7 +27,7 @@ def weights(tmp_path):
 
 
 @pytest.mark.parametrize("engine", [["engine.kind=ddp"], ["engine.kind=fsdp2", "engine.meta_init=true"]])
-def test_fresh_run_starts_from_exported_backbone(embedded_data, tmp_path, weights, engine):  # noqa: F811
+def test_fresh_run_starts_from_exported_backbone(embedded_data, tmp_path, weights, engine):
     path, state = weights
     out = run_train(embedded_data, tmp_path / "run", FROZEN + engine + [f"train.init_weights={path}"])
     assert out.returncode == 0, out.stderr[-3000:]
@@ -38,7 +38,7 @@ def test_fresh_run_starts_from_exported_backbone(embedded_data, tmp_path, weight
         assert all(torch.equal(loaded[k], state[k]) for k in state), part
 
 
-def test_mismatched_weights_fail_naming_the_file(embedded_data, tmp_path):  # noqa: F811
+def test_mismatched_weights_fail_naming_the_file(embedded_data, tmp_path):
     path = tmp_path / "wrong.safetensors"
     save_file({"not_a_backbone.weight": torch.zeros(2)}, str(path))
     out = run_train(embedded_data, tmp_path / "run", FROZEN + [f"train.init_weights={path}"])

@@ -4,57 +4,17 @@ state of an uninterrupted run, having seen the same samples; FSDP2 checkpoints r
 import json
 
 import pytest
-import torch
 
-from scale.checkpoint.export import read_tensors
 from scale.checkpoint.store import resolve
 from scale.errors import PREEMPTED_EXIT_CODE
-from tests.helpers_run import TINY, embedded_data, run_train  # noqa: F401
+from tests.checkpoint.runs import COMMON, MONITORED, OVERRIDES, STEPS, assert_same_state, final_state, losses, metric
+from tests.helpers_run import TINY, run_train
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
-STEPS = 6
-# the monitors every step: a resumed run must report what the uninterrupted one did (their state is checkpointed)
-COMMON = TINY + [
-    "train.ckpt_every_steps=2",
-    "model.drop_path=0.1",
-    "train.keep_last=10",
-    "train.knn_monitor_every=1",
-    "train.grad_monitor_every=1",
-]
-OVERRIDES = COMMON + [f"train.max_steps={STEPS}"]
-MONITORED = ("knn_monitor_top1", "grad_norm_max_layer", "data/samples", "data/errors")
-
-
-def metric(run_dir, key: str = "loss") -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {row["step"]: row[key] for row in rows if key in row}
-
-
-def losses(run_dir) -> dict[int, float]:
-    return metric(run_dir)
-
-
-def final_state(run_dir) -> dict[str, torch.Tensor]:
-    return read_tensors(resolve(run_dir), "")
-
-
-def assert_same_state(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, f"tensors differ after resume: {different[:5]}"
-
-
-@pytest.fixture(scope="module")
-def reference(embedded_data, tmp_path_factory):  # noqa: F811
-    run_dir = tmp_path_factory.mktemp("reference")
-    out = run_train(embedded_data, run_dir, OVERRIDES)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return run_dir
-
 
 @pytest.mark.parametrize("fault,extra", [("step@3", []), ("save@4", []), ("step@5", ["train.async_save=true"])])
-def test_killed_run_resumes_bit_identical(embedded_data, reference, tmp_path, fault, extra):  # noqa: F811
+def test_killed_run_resumes_bit_identical(embedded_data, reference, tmp_path, fault, extra):
     killed = run_train(embedded_data, tmp_path, OVERRIDES + extra, fault=fault)
     assert killed.returncode != 0
     if fault.startswith("save"):  # the interrupted write left no sealed step_4, and step_2 is still the newest
@@ -69,7 +29,7 @@ def test_killed_run_resumes_bit_identical(embedded_data, reference, tmp_path, fa
         assert metric(tmp_path, key) == metric(reference, key), key
 
 
-def test_preemption_signal_checkpoints_and_exits_for_requeue(embedded_data, tmp_path):  # noqa: F811
+def test_preemption_signal_checkpoints_and_exits_for_requeue(embedded_data, tmp_path):
     import os
     import signal
     import subprocess
@@ -112,7 +72,7 @@ def test_preemption_signal_checkpoints_and_exits_for_requeue(embedded_data, tmp_
 
 
 @pytest.mark.parametrize("world", [1, 4])
-def test_fsdp2_checkpoint_resumes_on_another_world_size(embedded_data, reference, tmp_path, world):  # noqa: F811
+def test_fsdp2_checkpoint_resumes_on_another_world_size(embedded_data, reference, tmp_path, world):
     import shutil
 
     shutil.copytree(reference, tmp_path, dirs_exist_ok=True)

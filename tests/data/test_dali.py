@@ -11,7 +11,6 @@ import torch
 
 pytest.importorskip("nvidia.dali", reason="DALI not installed (pip install 'scale[dali]')")
 
-from scale.data import embedded  # noqa: E402
 from scale.data.dali.loader import DaliLoader, resolve_device  # noqa: E402
 from scale.data.dali.pipeline import PARAMS, build_pipeline  # noqa: E402
 from scale.data.factory import build_loader  # noqa: E402
@@ -24,9 +23,9 @@ GLOBAL, LOCAL, N_LOCAL = 32, 16, 4
 
 
 @pytest.fixture(scope="module")
-def photos(tmp_path_factory):
+def photos(embedded_data):
     """1200 train crops of 12 photos, 64x64 JPEGs, in 5 shards."""
-    return embedded.build("photos", tmp_path_factory.mktemp("photos"))["train"]
+    return embedded_data / "embedded" / "photos" / "train"
 
 
 def photos_cfg(train, backend="dali", **overrides):

@@ -17,7 +17,6 @@ from scale.errors import NonFiniteLoss
 from scale.rundir import RunDir
 from scale.step import TrainStep
 from scale.train import Trainer
-from tests.helpers_run import embedded_data  # noqa: F401
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
@@ -115,13 +114,13 @@ def assert_clean_checkpoints(run: RunDir) -> None:
     assert worst < 1e3
 
 
-def test_run_stops_at_a_nan_loss_naming_step_and_samples(group, tmp_path, monkeypatch, embedded_data):  # noqa: F811
+def test_run_stops_at_a_nan_loss_naming_step_and_samples(group, tmp_path, monkeypatch, embedded_data):
     message, run = run_trainer(tmp_path, monkeypatch, embedded_data, lambda t: nan_at(t.method, {3}))
     assert "non-finite loss at step 4 (rank 0; samples " in message and "samples unknown" not in message
     assert_clean_checkpoints(run)
 
 
-def test_run_stops_at_an_absurd_learning_rate(group, tmp_path, monkeypatch, embedded_data):  # noqa: F811
+def test_run_stops_at_an_absurd_learning_rate(group, tmp_path, monkeypatch, embedded_data):
     def absurd_from_step_3(trainer):
         schedule = trainer.step.lr
         trainer.step.lr = lambda i: 1e30 if i >= 3 else schedule(i)

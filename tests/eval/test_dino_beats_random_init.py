@@ -6,7 +6,7 @@ import pytest
 
 from scale.checkpoint.export import export
 from scale.demo import knn_of
-from tests.helpers_run import embedded_data, run_train  # noqa: F401 (fixture)
+from tests.helpers_run import run_train
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
@@ -14,7 +14,7 @@ MARGIN = 5.0  # k-NN top-1 points; measured here: 40.3% at random init -> 47.8% 
 OVERRIDES = ["train.epochs=15", "train.global_batch=32"]
 
 
-def test_short_dino_run_beats_random_init_by_margin(embedded_data, tmp_path, monkeypatch):  # noqa: F811
+def test_short_dino_run_beats_random_init_by_margin(embedded_data, tmp_path, monkeypatch):
     monkeypatch.setenv("SCALE_DATA", str(embedded_data))
     run = tmp_path / "run"
     done = run_train(embedded_data, run, OVERRIDES, nproc=1, timeout=900)

@@ -12,7 +12,6 @@ from omegaconf import OmegaConf
 
 from scale.cli import main as cli
 from scale.config import load_recipe
-from scale.data import embedded
 from scale.eval.data import ShardSamples, eval_views_cfg
 from scale.eval.features import load as load_features
 from scale.eval.knn import knn_eval
@@ -33,11 +32,9 @@ eval: {{batch_size: 128, knn_k: [10, 20], logreg_max_iter: 100}}
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eval_data")
-    for name in ("digits", "photos"):
-        embedded.build(name, root / name)
-    recipe = root / "tiny.yaml"
+def data(embedded_data, tmp_path_factory):
+    root = embedded_data / "embedded"
+    recipe = tmp_path_factory.mktemp("eval_data") / "tiny.yaml"
     recipe.write_text(RECIPE.format(root=root))
     return root, str(recipe)
 

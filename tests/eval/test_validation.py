@@ -12,7 +12,6 @@ from safetensors.torch import load_file
 from scale.checkpoint.export import export
 from scale.cli import main as cli
 from scale.config import load_recipe
-from scale.data import embedded
 from scale.data.batch import Batch
 from scale.errors import UserError
 from scale.eval.classify import accuracy
@@ -40,10 +39,9 @@ eval: {{batch_size: 50}}
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("val_data")
-    embedded.build("digits", root / "digits")
-    recipe = root / "supervised.yaml"
+def data(embedded_data, tmp_path_factory):
+    root = embedded_data / "embedded"
+    recipe = tmp_path_factory.mktemp("val_data") / "supervised.yaml"
     recipe.write_text(RECIPE.format(root=root))
     return root, str(recipe)
 

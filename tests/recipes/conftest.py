@@ -44,5 +44,5 @@ def smoke_params() -> list:
 
 
 @pytest.fixture(scope="session")
-def smoke_data(tmp_path_factory):
-    return ensure_smoke_data(tmp_path_factory.mktemp("smoke-data"))
+def smoke_data(embedded_data):
+    return ensure_smoke_data(embedded_data / "embedded")  # the session's photos: nothing left to build

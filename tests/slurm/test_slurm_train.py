@@ -18,7 +18,6 @@ try:
 except ImportError:
     pytest.skip("needs scale train", allow_module_level=True)
 
-from tests.helpers_run import embedded_data  # noqa: E402,F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -26,7 +25,7 @@ RECIPE = str(Path(__file__).resolve().parent / "tiny_dino.yaml")
 
 
 @pytest.fixture(scope="module")
-def data_env(embedded_data):  # noqa: F811
+def data_env(embedded_data):
     """SCALE_DATA pointing at the embedded data sets; sbatch hands the submitting environment on to the job."""
     saved = {k: os.environ.get(k) for k in ("SCALE_DATA", "OMP_NUM_THREADS", "PYTHONWARNINGS")}
     os.environ.update(SCALE_DATA=str(embedded_data), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
