@@ -89,11 +89,13 @@ class GraphRecorder:
 
 
 @pytest.mark.parametrize(
-    "mode,norms,linears", [("none", False, False), ("full", True, True), ("selective", True, False)]
+    "mode,norms,linears", [("none", False, (0, 0)), ("full", True, (7, 12)), ("selective", True, (6, 6))]
 )
 def test_checkpointing_is_recomputed_inside_the_compiled_backward(mode, norms, linears):
     """In compiled ViT blocks, the checkpoint policy decides what the backward graphs recompute: full reruns the
-    LayerNorms and linear layers, selective only the LayerNorms (it keeps the matmul outputs), none nothing."""
+    LayerNorms and the linear layers (4 a block, less any whose recomputed output backward does not read), selective
+    the LayerNorms and the 2 widening ones of each of the 3 blocks (qkv, MLP fc1; it keeps the attention projection's
+    and fc2's outputs), none nothing."""
     plain = net_of("vit_nano", 32)
     net = copy.deepcopy(plain)
     apply_activation_checkpointing(net, mode, 1)
@@ -105,7 +107,7 @@ def test_checkpointing_is_recomputed_inside_the_compiled_backward(mode, norms, l
     assert len(recorder.backward) == 3  # one per block: each has its own drop-path rate
     aten = torch.ops.aten
     assert (recorder.count(aten.native_layer_norm.default) > 0) == norms
-    assert (recorder.count(aten.addmm.default) > 0) == linears
+    assert linears[0] <= recorder.count(aten.addmm.default) <= linears[1]
     for (key, p), q in zip(net.named_parameters(), plain.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=key)
 
