@@ -2,7 +2,9 @@
 
 Activation memory per image is the slope of the step's peak memory (scale.bench.memory) from the smallest to the
 largest batch, so that parameters, gradients and optimizer state, the same at every batch, do not hide it. Step time
-is the median step at the largest batch. The settings are interleaved (every mode and batch once per round) and the
+is the median step at the largest batch, in wall-clock seconds and in the process's CPU seconds (on a loaded
+machine the better measure of what the step costs: run with OMP_NUM_THREADS=1 so that no thread spins waiting for
+another). The settings are interleaved (every mode and batch once per round) and the
 rounds repeated, and each number is the median over rounds, so that a slow spell of a shared machine moves one
 sample of every setting rather than every sample of one.
 """
@@ -49,6 +51,8 @@ def table(runs: dict, modes, batches) -> list[dict]:
                 "per_image_bytes": (peaks[large] - peaks[small]) / (large - small),
                 "step_s": statistics.median(r["step_s_median"] for r in runs[(mode, large)]),
                 "step_s_rounds": [r["step_s_median"] for r in runs[(mode, large)]],
+                "step_cpu_s": statistics.median(r["step_cpu_s_median"] for r in runs[(mode, large)]),
+                "step_cpu_s_rounds": [r["step_cpu_s_median"] for r in runs[(mode, large)]],
             }
         )
     return rows
@@ -59,15 +63,16 @@ def format_rows(rows: list[dict], batches) -> str:
     small, large = min(batches), max(batches)
     lines = [
         f"| setting | peak MiB, batch {small} / {large} | per image | {base['mode']} / this "
-        f"| step s, batch {large} | this / {base['mode']} |",
-        "|---|---|---|---|---|---|",
+        f"| step s, batch {large} | this / {base['mode']} | step CPU s | this / {base['mode']} |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         peaks = " / ".join(f"{row['peak_bytes'][b] / 2**20:.0f}" for b in (small, large))
         lines.append(
             f"| {row['mode']} | {peaks} | {row['per_image_bytes'] / 2**20:.0f} MiB "
             f"| {base['per_image_bytes'] / row['per_image_bytes']:.2f}x | {row['step_s']:.2f} "
-            f"| {row['step_s'] / base['step_s']:.2f}x |"
+            f"| {row['step_s'] / base['step_s']:.2f}x | {row['step_cpu_s']:.2f} "
+            f"| {row['step_cpu_s'] / base['step_cpu_s']:.2f}x |"
         )
     return "\n".join(lines)
 

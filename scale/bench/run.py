@@ -3,7 +3,7 @@ training builds it: method, engine, schedules, guard), on the recipe's shards or
 
 Measured, per rank, then combined over ranks (the slowest rank's time, the largest memory):
 - step time: wall clock of `steps` steps after `warmup` steps and one profiled step, each started after a barrier;
-  images/s and crops/s per device and global;
+  images/s and crops/s per device and global; and the process's CPU seconds per step;
 - phases: data wait (next batch + copy to the device), forward (the method's loss: student and teacher forwards
   and the loss), backward (including the gradient all-reduce / reduce-scatter the engine overlaps with it),
   optimizer (clipping, step, EMA of the teacher), other (loss checks, metrics); on GPU each phase ends with a
@@ -100,14 +100,15 @@ def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: 
         with memory.window():
             record = trainer(warmup, trainer.next_batch(batches)[0])
     timer.totals.clear()
-    times, waits = [], []
+    times, cpu_times, waits = [], [], []
     for step in range(warmup + 1, warmup + 1 + steps):
         barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         batch, wait = trainer.next_batch(batches)
         record = trainer(step, batch)
         sync()
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
         waits.append(wait)
     phases = {name: timer.totals[name] / steps for name in ("forward", "backward", "optimizer")}
     phases["data"] = sum(waits) / steps
@@ -117,6 +118,9 @@ def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: 
         "step_s_median": statistics.median(times),
         "step_s_min": min(times),
         "compile_s": compile_seconds() - compile_start,
+        # CPU seconds of this process (all its threads): on a shared CPU machine, what the step costs whatever the
+        # other processes take; about the wall time times the threads on an idle machine (on GPU: the host's share)
+        "step_cpu_s_median": statistics.median(cpu_times),
         "phases": phases,
         "state": trainer.engine.memory(),
         "loss": read_record(record)["loss"],

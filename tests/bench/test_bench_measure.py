@@ -66,6 +66,18 @@ def test_bench_command_prints_one_row_per_setting_and_writes_json(tmp_path, caps
     assert rows[1]["peak_bytes"] < rows[0]["peak_bytes"]  # checkpointing frees activations
 
 
+def test_activation_table_command(tmp_path, capsys):
+    out = tmp_path / "ac.json"
+    args = ["bench", "ac", TINY_RECIPE, "--modes", "none,full", "--rounds", "1", "--steps", "1", "--warmup", "0"]
+    assert main([*args, "--batches", "2,4", "--json", str(out)]) == 0
+    none, full = json.loads(out.read_text())
+    assert [none["mode"], full["mode"]] == ["none", "full"]
+    assert 0 < full["per_image_bytes"] < none["per_image_bytes"]  # checkpointing keeps less per image
+    assert "| full |" in capsys.readouterr().out
+    assert main([*args, "--batches", "2"]) == 2
+    assert "at least two --batches" in capsys.readouterr().err
+
+
 def test_bench_still_routes_data_and_reports_bad_recipes(capsys):
     assert main(["bench", "no/such_recipe", "--steps", "1"]) == 2
     assert "no/such_recipe" in capsys.readouterr().err

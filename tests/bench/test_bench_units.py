@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from scale.bench.activation import format_rows as format_activation_rows
+from scale.bench.activation import table as activation_table
 from scale.bench.flops import mfu, step_flops, table_peak
 from scale.bench.matrix import crop_overrides, format_table, load_setting, parse_matrix, setting_overrides, split_axes
 from scale.bench.memory import union_seconds
@@ -138,3 +140,21 @@ def test_table_formatting():
     }
     line = format_table([row]).splitlines()[1]
     assert "ac=none" in line and "25.0%" in line and " 1.0 " in line and " 2.0 " in line and " 31.0 " in line
+
+
+def test_activation_table_takes_the_slope_over_batches_and_medians_over_rounds():
+    def run(peak, step_s, cpu_s):
+        return {"peak_bytes": peak, "step_s_median": step_s, "step_cpu_s_median": cpu_s}
+
+    mib = 2**20
+    runs = {
+        ("none", 1): [run(1000 * mib, 1.0, 1.0)] * 3,
+        ("none", 3): [run(1400 * mib, s, 2 * s) for s in (9.0, 3.0, 4.0)],  # 200 MiB per image
+        ("full", 1): [run(900 * mib, 1.0, 1.0)] * 3,
+        ("full", 3): [run(950 * mib, s, 2 * s) for s in (5.0, 4.0, 6.0)],  # 25 MiB per image
+    }
+    none, full = activation_table(runs, ["none", "full"], [3, 1])
+    assert none["per_image_bytes"] == 200 * mib and full["per_image_bytes"] == 25 * mib
+    assert (none["step_s"], full["step_s"], full["step_cpu_s"]) == (4.0, 5.0, 10.0)
+    line = format_activation_rows([none, full], [1, 3]).splitlines()[-1]
+    assert line == "| full | 900 / 950 | 25 MiB | 8.00x | 5.00 | 1.25x | 10.00 | 1.25x |"
