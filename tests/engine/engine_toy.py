@@ -419,3 +419,12 @@ def memory_job(kinds: list[str], dim: int) -> dict:
 def many(calls: list[tuple]) -> list:
     """Several job functions (fn, *args) in one process group: spawning is the slow part."""
     return [fn(*args) for fn, *args in calls]
+
+
+def error_of(fn, *args) -> str | None:
+    """The message of the error fn(*args) raises, or None: a call expected to fail, among others in `many`."""
+    try:
+        fn(*args)
+    except Exception as err:  # the caller asserts which error it was
+        return str(err)
+    return None

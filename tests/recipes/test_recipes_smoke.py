@@ -1,5 +1,6 @@
 """The smoke shrinker keeps what selects a code path and shrinks only sizes; every runnable recipe trains a few
-steps on 2 gloo ranks (one per (method, model family) by default; all with SCALE_ALL_RECIPES=1)."""
+steps on 2 gloo ranks (by default each recipe that brings a code path no earlier one brought, see
+tests/recipes/conftest.py; all with SCALE_ALL_RECIPES=1)."""
 
 import pytest
 from omegaconf import OmegaConf

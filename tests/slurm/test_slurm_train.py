@@ -67,7 +67,7 @@ def test_two_task_training_job_runs_to_the_end(data_env, tmp_path, capsys):
 
 def test_preempted_job_checkpoints_is_requeued_and_continues(data_env, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    steps = 40
+    steps = 24  # the notice comes after step 3: 21 steps to spare for its way through Slurm
     job_id = submit(
         [f"train.max_steps={steps}", "--tasks-per-node", "2", "--time", "15", "--run-dir", str(run_dir)], capsys
     )
