@@ -3,8 +3,9 @@ torchtitan and DINOv3 compile (one graph per block, not the whole model).
 
 - What is compiled is each block's (and head's) `forward`, replaced on the instance: parameter names and state
   dict keys are unchanged, so checkpoints load whether compile is on or off. The engine's wrap comes after and its
-  hooks (FSDP2's all-gather and reshard, ZeRO-3's parameter fetch) run eagerly around the compiled forward; a
-  checkpointed block's forward (scale/engine/activation.py) is traced with its checkpoint inside.
+  hooks (FSDP2's all-gather and reshard) run eagerly around the compiled forward; a checkpointed block's forward
+  (scale/engine/activation.py) is traced with its checkpoint inside. DeepSpeed ZeRO-3 hooks every layer inside a
+  block, which dynamo cannot trace: the recipe check refuses that pair (scale/config/validate.py).
 - Static shapes (`dynamic=False`): each crop resolution (2 global + N local crops: one batch shape per group) gets
   its own specialised graph in the first step, and later steps reuse them, with no recompilation.
 - Blocks are compiled with `fullgraph=True` (every backbone's blocks trace without a graph break: tested), so a
@@ -17,8 +18,6 @@ from torch import nn
 
 from scale.engine.activation import part_blocks
 from scale.methods.base import Method
-
-BACKENDS = ("inductor", "aot_eager")  # inductor: generated kernels; aot_eager: the same graphs run by eager ops
 
 # Dynamo keeps the graphs of one function's code together, whichever module calls it, and by default gives up
 # (fullgraph: fails) after 8 of them. Identical blocks share a graph, but every block's stochastic-depth rate is a

@@ -13,7 +13,7 @@ class EngineConfig:
     # see scale/engine/activation.py
     activation_checkpointing: str = choice("none", ["none", "full", "every_n", "selective"])
     ac_every_n: int = at_least(2, 1)
-    # torch.compile per transformer block and head (see scale/engine/compile.py); ddp and fsdp2.
+    # torch.compile per transformer block and head (see scale/engine/compile.py): ddp, fsdp2, deepspeed ZeRO-1/2.
     # compile_backend: inductor (generated kernels) or aot_eager (the same graphs on eager kernels: to tell a
     # kernel problem from a tracing one, and cheap to compile for tests)
     compile: bool = False

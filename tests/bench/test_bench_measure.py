@@ -89,6 +89,15 @@ def measured(cfg, group) -> dict:
     return bench_config(cfg, *group, steps=1, warmup=0, synthetic=True, count_flops=False)
 
 
+def test_compile_time_is_reported_apart_from_the_step_time(group):
+    """engine.compile: the seconds torch.compile spends (in the first, untimed step) come in their own column."""
+    base = load_recipe(TINY_RECIPE, ["train.global_batch=2", "engine.compile_backend=aot_eager"])
+    eager = measured(OmegaConf.merge(base, {"engine": {"compile": False}}), group)
+    compiled = measured(OmegaConf.merge(base, {"engine": {"compile": True}}), group)
+    assert eager["compile_s"] == 0
+    assert compiled["compile_s"] > 0 and compiled["step_s"] > 0
+
+
 @pytest.mark.parametrize(
     "recipe, engine, batches",
     [(TINY_RECIPE, "ddp", (2, 4)), (TINY_RECIPE, "fsdp2", (2, 4)), ("esvit/table9/a_swin_t_bs8_lvlr", "ddp", (4, 8))],

@@ -1,6 +1,7 @@
 """engine.compile trains like eager: the real DINO (tiny ViT, 2 global + 2 local crops, EMA teacher, center
 all-reduced across ranks) over 5 steps, compiled per block and head, gives eager's losses and weights on 1 process
-and on 2 gloo ranks, under DDP and FSDP2 (with selective activation checkpointing inside the compiled blocks too).
+and on 2 gloo ranks, under DDP and FSDP2 (with selective activation checkpointing inside the compiled blocks too),
+and DeepSpeed ZeRO-2 on 2 ranks.
 
 The compiled runs use the aot_eager backend (the graphs inductor would compile, run on eager kernels): what is
 compared is what compile changes around the kernels - tracing, the partition into forward and backward, the
@@ -19,6 +20,7 @@ ENGINES = {
     "ddp": {"kind": "ddp"},
     "fsdp2": {"kind": "fsdp2"},
     "fsdp2_selective": {"kind": "fsdp2", "activation_checkpointing": "selective"},
+    "zero2": {"kind": "deepspeed", "zero_stage": 2},
 }
 # measured: bit-identical on this CPU; the margin allows for graph decompositions that round differently
 LOSS_TOL, WEIGHT_TOL = 1e-5, 1e-5
@@ -34,10 +36,11 @@ def jobs(engines: list[str]) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    pytest.importorskip("deepspeed")
     tmp = tmp_path_factory.mktemp("compile")
     return {
         1: spawn(real_jobs, jobs(["ddp", "fsdp2"]), STEPS, world=1, tmp_path=tmp),
-        2: spawn(real_jobs, jobs(["ddp", "fsdp2", "fsdp2_selective"]), STEPS, world=2, tmp_path=tmp),
+        2: spawn(real_jobs, jobs(["ddp", "fsdp2", "fsdp2_selective", "zero2"]), STEPS, world=2, tmp_path=tmp),
     }
 
 
