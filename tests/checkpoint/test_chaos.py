@@ -35,7 +35,9 @@ def kill_one_rank_at_random(data_root: Path, run_dir: Path, rng: random.Random) 
     with open(run_dir.parent / f"{run_dir.name}.stderr", "ab") as err:  # a pipe nobody reads would fill and block
         proc = subprocess.Popen(cmd, env=clean_env(data_root), stdout=subprocess.DEVNULL, stderr=err)
     log = run_dir / "logs" / "rank0.log"
-    deadline = time.monotonic() + 120
+    # start-up is three Python processes importing torch: over a minute on a loaded 2-core machine (the flake loop
+    # saw 120 s run out); this deadline is there for a launcher that hangs, not to time the start
+    deadline = time.monotonic() + 600
     while not (log.exists() and "training" in log.read_text()) and proc.poll() is None:
         assert time.monotonic() < deadline, "the run did not start"
         time.sleep(0.05)
