@@ -108,6 +108,7 @@ def is_gray(crops: np.ndarray, mean, std) -> np.ndarray:
     return np.abs(pixels - pixels[:, :1]).max(axis=(1, 2, 3)) < 0.5
 
 
+@pytest.mark.slow  # 1200 samples' draws through DALI's pipeline: tens of seconds, not a unit test
 def test_per_view_statistics_match_the_torchvision_views(photos):
     samples = 1200
     drawn = drawn_parameters(photos, samples)
@@ -140,6 +141,7 @@ def test_per_view_statistics_match_the_torchvision_views(photos):
         assert is_gray(drawn["crop"][v][drawn["gray"][v] == 1], views.mean, views.std).all()
 
 
+@pytest.mark.slow  # an epoch through both backends
 def test_greyscale_rate_of_the_crops_matches_torchvision(photos):
     """Measured on the crops themselves over one epoch (every image once on both backends): 2 of the 12 photos are
     grey, the others are greyed with p 0.2, so a third of the crops are grey."""

@@ -132,6 +132,7 @@ def test_reduced_decode_keeps_crop_geometry():
     assert torch.is_tensor(crops[0]) and crops[0].dtype == torch.uint8
 
 
+@pytest.mark.slow  # the command end to end: builds shards and runs both pipelines
 def test_bench_data_command_runs(tmp_path, capsys):
     from scale.cli import main
 

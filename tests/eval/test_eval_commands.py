@@ -161,6 +161,7 @@ def test_weights_file_round_trip_and_mismatch(data, tmp_path, capsys):
     assert "does not match model 'swin_nano'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the probe command end to end: a grid of classifiers trained on features
 def test_linear_grid_on_digits(data, tmp_path):
     root, recipe = data
     result = run(
