@@ -29,7 +29,7 @@ def run_train(
     nproc: int = 2,
     fault: str | None = None,
     recipe: str = "demo/dino_tiny",
-    timeout: int = 300,
+    timeout: int = 600,  # a guard against a hung run: a loaded 2-core machine took over 300 s for one launch
 ) -> subprocess.CompletedProcess:
     env = clean_env(data_root)
     if fault:

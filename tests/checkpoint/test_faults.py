@@ -113,7 +113,7 @@ def test_one_damaged_file_makes_every_rank_resume_the_previous_checkpoint(
     """The newest checkpoint (step 6) has one damaged file: both ranks load step 4 and train to the reference."""
     folder = copy_run(reference, tmp_path)
     garble(folder / name)
-    out = run_train(embedded_data, tmp_path, OVERRIDES, timeout=240)
+    out = run_train(embedded_data, tmp_path, OVERRIDES)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step_000000004 at step 4" in out.stderr, out.stderr[-3000:]
     assert f"skipping checkpoint {folder}" in out.stderr and name.split("/")[-1] in out.stderr
@@ -144,7 +144,7 @@ def test_deepspeed_rank_with_a_damaged_optimizer_file_resumes_with_the_others(
     used to hang there) and steps 3 and 4 repeat the reference's losses."""
     folder = copy_run(ds_reference, tmp_path)
     garble(folder / OPTIM_RANK1)
-    out = run_train(embedded_data, tmp_path, TINY + DS + [f"train.max_steps={DS_STEPS}"], timeout=240)
+    out = run_train(embedded_data, tmp_path, TINY + DS + [f"train.max_steps={DS_STEPS}"])
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step_000000002 at step 2" in out.stderr and "zero_pp_rank_1" in out.stderr, out.stderr[-3000:]
     rows = [(r["step"], r["loss"]) for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())]
@@ -156,7 +156,7 @@ def test_deepspeed_crafted_optimizer_file_runs_no_code(embedded_data, ds_referen
     folder = copy_run(ds_reference, tmp_path / "run")
     marker = tmp_path / "marker"
     craft(folder, OPTIM_RANK1, marker)
-    out = run_train(embedded_data, tmp_path / "run", TINY + DS + [f"train.max_steps={DS_STEPS}"], timeout=240)
+    out = run_train(embedded_data, tmp_path / "run", TINY + DS + [f"train.max_steps={DS_STEPS}"])
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.count("refused to load") == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert not marker.exists()
