@@ -37,8 +37,9 @@ class TrainStep:
     """Everything one step uses, built in this order: seeded RNGs, the loader, the method, the engine with the
     method's modules set up (`init_weights` loaded into them when given), the schedules, the monitors and the
     non-finite guard. On CUDA the loader is wrapped to copy the next batch ahead (scale.data.prefetch,
-    data.prefetch_to_device); `self.loader` is what the checkpointer and the logs read. `max_schedule_steps_per_epoch` caps the steps per epoch the schedules cover (scale.bench:
-    its small batches would make ImageNet-long schedule arrays). `phase` is entered around the forward, backward
+    data.prefetch_to_device); `self.loader` is what the checkpointer and the logs read.
+    `max_schedule_steps_per_epoch` caps the steps per epoch the schedules cover (scale.bench: its small batches
+    would make ImageNet-long schedule arrays). `phase` is entered around the forward, backward
     and optimizer parts of every step (scale.bench sets a timer). `make_engine(engine_cfg, optim_cfg, info, device)`
     builds the engine: the recipe's (`build_engine`), or the planner's trace on fake tensors (scale.bench.trace)."""
 

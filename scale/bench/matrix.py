@@ -1,5 +1,5 @@
-"""`--matrix key=v1,v2` (one axis per flag, repeated): the settings to compare in one run (their cartesian product), as recipe overrides,
-and the one table that compares them.
+"""`--matrix key=v1,v2`: the settings to compare in one run (their cartesian product), as recipe overrides, and the
+one table that compares them. One axis per flag (repeated); short-key axes may also follow one flag (`split_axes`).
 
 Keys: engine (ddp, fsdp2, zero1, zero2, zero3), precision (fp32, bf16, fp16), ac (none, full, selective, every<N>),
 compile (false, true: engine.compile), micro_batch (images per rank per forward: sets engine.grad_accum), crops

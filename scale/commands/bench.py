@@ -2,7 +2,7 @@
 
 - `scale bench RECIPE [overrides] [--steps N] [--warmup W] [--synthetic-data] [--matrix key=v1,v2]... [--json F]
   [--nproc N]`: real training steps (scale.bench.run), one table row per setting of the matrix (one axis per
-  `--matrix`, so that a following word is an override, never a swallowed axis);
+  `--matrix`, or several short-key axes after one flag; a dotted override after it is an override, never an axis);
 - `scale bench data RECIPE [--workers N] [--images N]` measures the data pipeline;
 - `scale bench table dino8|esvit9|mocov3-3 [--scale tiny|full] ...`: the papers' cost tables.
 The first word selects a benchmark from `BENCHES`; any other first word is a recipe.

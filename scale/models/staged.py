@@ -65,6 +65,17 @@ def check_grid(grid: Grid, table_grid: Grid, what: str) -> None:
         )
 
 
+def cached_geometry(cache: dict, key, build):
+    """`cache[key]`, built by `build()` on first use; under torch.compile built every call and not stored: traced into
+    the block's graph instead (constants of its input size), as a cache write inside a compiled, checkpointed block is
+    a side effect torch.compile refuses."""
+    if torch.compiler.is_compiling():
+        return build()
+    if key not in cache:
+        cache[key] = build()
+    return cache[key]
+
+
 class GeometryCache(nn.Module):
     """Per-input-size index and mask tensors, cached by (size, device) in eager mode; cleared by `clear_cache` (FLOP
     counting traces with fake tensors, `init_weights` after `to_empty`)."""
@@ -74,13 +85,7 @@ class GeometryCache(nn.Module):
         self.geometry_cache: dict = {}
 
     def cached(self, key, build):
-        if torch.compiler.is_compiling():
-            # traced into the block's graph instead (constants of its input size); a cache write inside a compiled,
-            # checkpointed block is a side effect torch.compile refuses
-            return build()
-        if key not in self.geometry_cache:
-            self.geometry_cache[key] = build()
-        return self.geometry_cache[key]
+        return cached_geometry(self.geometry_cache, key, build)
 
     def clear_cache(self) -> None:
         self.geometry_cache.clear()

@@ -20,6 +20,7 @@ from torch import nn
 
 from scale.errors import UserError
 from scale.models.registry import register
+from scale.models.staged import cached_geometry
 
 # name: (embed_dim, depths, num_heads)
 SIZES = {
@@ -108,14 +109,9 @@ class SizeAdaptiveSwinBlock(SwinTransformerBlock):
         return block
 
     def geometry(self, size: tuple[int, int], device: torch.device, dtype: torch.dtype):
-        if torch.compiler.is_compiling():
-            # traced into the block's graph instead (constants of its input size); a cache write inside a compiled,
-            # checkpointed block is a side effect torch.compile refuses
-            return self.build_geometry(size, device, dtype)
-        key = (size, device, dtype)
-        if key not in self.geometry_cache:
-            self.geometry_cache[key] = self.build_geometry(size, device, dtype)
-        return self.geometry_cache[key]
+        return cached_geometry(
+            self.geometry_cache, (size, device, dtype), lambda: self.build_geometry(size, device, dtype)
+        )
 
     def build_geometry(self, size: tuple[int, int], device: torch.device, dtype: torch.dtype):
         table_window = self.attn.window_size
