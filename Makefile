@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers: on 2 cores, two workers keep both busy (most tests run one single-threaded process)
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast test-gpu bench-gpu lint venv clean
 
@@ -22,11 +24,11 @@ demo: $(STAMP)
 
 # the full suite: what CI runs
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # the unit tier for inner loops: everything but the tests marked slow (multi-process, end-to-end, Slurm, demo)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 # The GPU targets stop at once, in one line, where torch sees no GPU.
 CUDA_CHECK = $(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: make $@ needs a GPU that torch can use')"

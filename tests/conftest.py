@@ -1,5 +1,6 @@
-"""Shared test set-up: one thread per process (the machine has 2 cores and tests spawn process pairs), and the
-embedded data sets, built once per session."""
+"""Shared test set-up: one thread per process (the machine has 2 cores and tests spawn process pairs), the embedded
+data sets, built once per session (once per xdist worker), and how `make test` shares the tests out between its two
+workers."""
 
 import os
 from pathlib import Path
@@ -25,3 +26,25 @@ def embedded_data(tmp_path_factory) -> Path:
     for name in ("digits", "photos"):
         build(name, root / "embedded" / name)
     return root
+
+
+# Modules that share one session fixture run on one worker: the Slurm modules share one local cluster (a second
+# worker would start it again while the first uses it), the checkpoint modules one reference run. Every other
+# module is its own unit, and its tests stay together so that module fixtures are built once.
+SHARED_SCOPES = ("tests/slurm/", "tests/checkpoint/")
+
+
+def xdist_scope(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return next((shared for shared in SHARED_SCOPES if path.startswith(shared)), path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return xdist_scope(nodeid)
+
+    return ModuleScheduling(config, log)
