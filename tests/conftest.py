@@ -39,6 +39,28 @@ def xdist_scope(nodeid: str) -> str:
     return next((shared for shared in SHARED_SCOPES if path.startswith(shared)), path)
 
 
+# The longest units first (each over a minute on an idle 2-core machine), so that neither worker starts one while
+# the other is finishing; the rest follow in collection order and fill the gaps.
+LONGEST_FIRST = (
+    "tests/checkpoint/",
+    "tests/demo/test_demo.py",
+    "tests/recipes/test_recipes_smoke.py",
+    "tests/slurm/",
+    "tests/recipes/test_recipes_check.py",
+    "tests/engine/test_step_sync.py",
+    "tests/bench/test_bench_measure.py",
+    "tests/eval/test_dino_beats_random_init.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        scope = xdist_scope(item.nodeid)
+        return LONGEST_FIRST.index(scope) if scope in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a unit, and of the other units, is kept
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
@@ -47,4 +69,5 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid):
             return xdist_scope(nodeid)
 
+    config.option.loadscopereorder = False  # xdist would order the units by their number of tests instead
     return ModuleScheduling(config, log)
