@@ -109,9 +109,11 @@ def mib(value) -> str:
 
 def format_table(rows: list[dict]) -> str:
     """One line per setting: throughput, phases (s per step), communication, memory (MiB), MFU, and the seconds
-    spent compiling (engine.compile; not part of the step time)."""
+    spent compiling (engine.compile; not part of the step time). The setting column is as wide as the longest
+    setting: a cut one would hide the axes that tell rows apart."""
+    width = max([32, *(len(row["label"]) for row in rows)])
     head = (
-        f"{'setting':32s} {'step s':>8s} {'compile s':>9s} {'img/s':>8s} {'img/s/dev':>9s} {'crops/s/dev':>11s} "
+        f"{'setting':{width}s} {'step s':>8s} {'compile s':>9s} {'img/s':>8s} {'img/s/dev':>9s} {'crops/s/dev':>11s} "
         f"{'data':>6s} {'fwd':>7s} {'bwd':>7s} {'optim':>6s} {'other':>6s} {'comm':>6s} "
         f"{'peak MiB':>9s} {'RSS MiB':>8s} {'state MiB':>9s} {'MFU':>6s}"
     )
@@ -120,7 +122,7 @@ def format_table(rows: list[dict]) -> str:
         p = row["phases"]
         mfu = f"{100 * row['mfu']:5.1f}%" if row.get("mfu") is not None else "-"
         lines.append(
-            f"{row['label'][:32]:32s} {row['step_s']:8.3f} {row['compile_s']:9.1f} {row['images_per_s']:8.2f} "
+            f"{row['label']:{width}s} {row['step_s']:8.3f} {row['compile_s']:9.1f} {row['images_per_s']:8.2f} "
             f"{row['images_per_s_per_device']:9.2f} {row['crops_per_s_per_device']:11.2f} {p['data']:6.3f} "
             f"{p['forward']:7.3f} {p['backward']:7.3f} {p['optimizer']:6.3f} {p['other']:6.3f} "
             f"{row['comm_s']:6.3f} {mib(row['peak_bytes']):>9s} {mib(row.get('rss_peak_bytes')):>8s} "

@@ -140,6 +140,13 @@ def test_table_formatting():
     }
     line = format_table([row]).splitlines()[1]
     assert "ac=none" in line and "25.0%" in line and " 1.0 " in line and " 2.0 " in line and " 31.0 " in line
+    # a long setting is printed whole, and the columns after it stay aligned with the header
+    long = {**row, "label": "compile=true ac=selective batch=2 precision=fp32"}
+    head, short_line, long_line = format_table([row, long]).splitlines()
+    assert long_line.startswith(long["label"] + " ")
+    assert (
+        head.index("step s") + len("step s") == short_line.index("2.000") + len("2.000") == long_line.index("2.000") + 5
+    )
 
 
 def test_activation_table_takes_the_slope_over_batches_and_medians_over_rounds():
