@@ -58,8 +58,6 @@ def build_optimizer(
     apex's FusedLAMB replaces timm's LAMB on CUDA when apex is installed and parameters are whole tensors (not
     DTensor shards). Fused torch optimizers skip their update on the device when the non-finite guard's flag is
     set (scale.engine.guard); DDP and FSDP2 ask for them on every device."""
-    if cfg.name not in OPTIMIZERS:
-        raise UserError(f"optim.name='{cfg.name}' is not one of {', '.join(OPTIMIZERS)}")
     cuda = device.type == "cuda"
     fused_adamw = fused or cuda or None
     betas = tuple(cfg.betas)

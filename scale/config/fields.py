@@ -1,6 +1,7 @@
 """Recipe fields with a rule the loader checks before anything runs. Declare the rule where the field is declared:
 
     kind: str = choice("fsdp2", ["ddp", "fsdp2", "deepspeed"])  # a closed set: a list, or a function returning one
+    mode: str = choice("none", listed_in("scale.engine.activation", "MODES"))  # the list the implementation reads
     workers: int = at_least(4, 0)  # a lower bound; for a list, of each element; None always passes
     flip_p: float = within(0.5, 0.0, 1.0)  # both bounds, inclusive
 
@@ -9,6 +10,7 @@ scale/config/validate.py reads the rules back from the dataclass fields' metadat
 """
 
 import copy
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import field
 from typing import Any
@@ -25,6 +27,12 @@ def _field(default: Any, **rule: Any) -> Any:
 def choice(default: Any, choices: Choices) -> Any:
     """A field whose value must be one of `choices` (a function is called at check time: registries)."""
     return _field(default, choices=choices)
+
+
+def listed_in(module: str, name: str) -> Callable[[], list]:
+    """The choices as the module that implements them lists them (`name`: a tuple, or a dict keyed by choice),
+    imported when a recipe is checked: one list, and the schema stays import-light."""
+    return lambda: list(getattr(importlib.import_module(module), name))
 
 
 def at_least(default: Any, low: float) -> Any:

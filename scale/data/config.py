@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from scale.config.fields import at_least, choice, within
+from scale.config.fields import at_least, choice, listed_in, within
 
 
 @dataclass
@@ -17,7 +17,7 @@ class ViewsConfig:
     n_local: list[int] = at_least([8], 0)
     local_scale: list[float] = within([0.05, 0.4], 0.0, 1.0)
     ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
-    interpolation: str = choice("bicubic", ["bicubic", "bilinear"])
+    interpolation: str = choice("bicubic", listed_in("scale.data.views", "INTERPOLATION"))  # bicubic, bilinear
     flip_p: float = within(0.5, 0.0, 1.0)
     color_jitter: list[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
     color_jitter_p: float = within(0.8, 0.0, 1.0)
@@ -45,7 +45,8 @@ class DataConfig:
     val: str = "${oc.env:SCALE_DATA,data}/imagenet1k/val"
     backend: str = choice("torchvision", ["torchvision", "dali"])  # dali: extra `dali`; multicrop, two_view
     dali_device: str = choice("auto", ["auto", "gpu", "cpu"])  # auto: the GPU when CUDA is available
-    mode: str = choice("epochs", ["epochs", "resampled"])  # every sample once per epoch | an infinite stream
+    # epochs: every sample once per epoch | resampled: an infinite stream
+    mode: str = choice("epochs", listed_in("scale.data.loader", "MODES"))
     workers: int = at_least(4, 0)
     # CUDA: pinned batches, the next one copied to the GPU on a side stream during the step (scale/data/prefetch.py)
     prefetch_to_device: bool = True

@@ -300,8 +300,6 @@ class Loader:
         """`pin_memory`: batches in page-locked memory (for a CUDA device: asynchronous copies, scale.data.prefetch)."""
         if split not in ("train", "val"):
             raise UserError(f"split must be train or val, got '{split}'")
-        if data_cfg.mode not in MODES:
-            raise UserError(f"data.mode must be one of {', '.join(MODES)}, got '{data_cfg.mode}'")
         if global_batch <= 0 or global_batch % world_size:
             raise UserError(
                 f"train.global_batch={global_batch} must be a positive multiple of the world size {world_size}"

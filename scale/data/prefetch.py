@@ -24,6 +24,9 @@ import torch
 from scale.data.batch import Batch
 
 STATE_READERS = ("state_dict", "counters", "metrics")  # what the checkpointer and the logs read from a loader
+# how a batch taken ahead is given back: each recorded state that the loader can load (a loader without state, as
+# the bench's SyntheticLoader, has nothing to give back)
+STATE_WRITERS = {"state_dict": "load_state_dict", "counters": "load_counters"}
 
 Copy = Callable[[Batch], Callable[[], Batch]]  # starts a batch's copy; the returned call hands it over, ready
 
@@ -71,8 +74,9 @@ class DevicePrefetcher:
     def __iter__(self) -> Iterator[Batch]:
         """The rest of the current epoch, as the loader yields it."""
         if self._consumed is not None:  # an earlier iteration stopped with a batch ahead: give it back
-            self.loader.load_state_dict(self._consumed["state_dict"])
-            self.loader.load_counters(self._consumed["counters"])
+            for reader, writer in STATE_WRITERS.items():
+                if reader in self._consumed:
+                    getattr(self.loader, writer)(self._consumed[reader])
             self._consumed = None
         batches = iter(self.loader)
         ahead = self._take(batches)

@@ -2,23 +2,23 @@
 
 from dataclasses import dataclass, field
 
-from scale.config.fields import at_least, choice
+from scale.config.fields import at_least, choice, listed_in
 from scale.engine.kinds import KINDS
 
 
 @dataclass
 class EngineConfig:
     kind: str = choice("fsdp2", lambda: list(KINDS))
-    precision: str = choice("fp32", ["fp32", "bf16", "fp16"])  # fp16 needs a GPU
-    # see scale/engine/activation.py
-    activation_checkpointing: str = choice("none", ["none", "full", "every_n", "selective"])
+    precision: str = choice("fp32", listed_in("scale.engine.precision", "DTYPES"))  # fp32, bf16, fp16 (GPU only)
+    # none, full, every_n, selective: see scale/engine/activation.py
+    activation_checkpointing: str = choice("none", listed_in("scale.engine.activation", "MODES"))
     ac_every_n: int = at_least(2, 1)
     # torch.compile per transformer block and head (see scale/engine/compile.py): ddp, fsdp2, deepspeed ZeRO-1/2.
     # compile_backend: inductor (generated kernels) or aot_eager (the same graphs on eager kernels: to tell a
     # kernel problem from a tracing one, and cheap to compile for tests)
     compile: bool = False
     compile_backend: str = choice("inductor", ["inductor", "aot_eager"])
-    zero_stage: int = choice(1, [1, 2, 3])  # deepspeed only
+    zero_stage: int = choice(1, listed_in("scale.engine.kinds", "ZERO_STAGES"))  # deepspeed only: 1, 2, 3
     grad_accum: int = at_least(1, 1)
     # fsdp2: shard each parameter over groups of shard_size ranks and replicate across the groups (HSDP; one node's
     # GPUs per group keeps the all-gathers and reduce-scatters on the fast links); 0 = all ranks (plain FSDP).
@@ -34,7 +34,7 @@ class EngineConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = choice("adamw", ["adamw", "lars", "lamb", "sgd"])
+    name: str = choice("adamw", listed_in("scale.optim", "OPTIMIZERS"))  # adamw, lars, lamb, sgd
     lr: float = at_least(5e-4, 0.0)  # base learning rate at ref_batch
     lr_scaling: str = choice("linear", ["linear", "sqrt", "none"])  # lr * scale(global_batch / ref_batch)
     ref_batch: int = at_least(256, 1)
@@ -62,4 +62,6 @@ class OptimConfig:
     eps: float = 1e-8
     momentum: float = 0.9
     clip_grad: float = at_least(3.0, 0.0)  # 0 disables
-    clip_mode: str = choice("per_param", ["per_param", "global"])  # per_param: DINO's official rule
+    clip_mode: str = choice(
+        "per_param", listed_in("scale.engine.clip", "CLIP_MODES")
+    )  # per_param: DINO's official rule

@@ -40,12 +40,11 @@ from scale.engine.parallel import ParallelContext
 from scale.engine.parallelize import parallelize
 from scale.engine.params import clean_name, named_parameters, nbytes
 from scale.engine.precision import resolve_precision
-from scale.engine.torch_engine import broadcast_module, check_common_config
+from scale.engine.torch_engine import broadcast_module
 from scale.errors import UserError
 from scale.methods.base import Method
 from scale.optim import build_optimizer, param_groups
 
-ZERO_STAGES = (1, 2, 3)
 DS_OPTIMIZERS = ("adamw", "sgd")
 CHECKPOINT_TAG = "state"
 
@@ -135,9 +134,6 @@ class DeepSpeedEngine(Engine):
     syncs_each_step = True
 
     def __init__(self, engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device):
-        check_common_config(engine_cfg, optim_cfg)
-        if engine_cfg.zero_stage not in ZERO_STAGES:
-            raise UserError(f"engine.zero_stage must be one of {ZERO_STAGES}, got {engine_cfg.zero_stage}")
         if optim_cfg.name not in DS_OPTIMIZERS:
             raise UserError(
                 f"optim.name={optim_cfg.name} computes per-tensor trust ratios, which DeepSpeed's flat "

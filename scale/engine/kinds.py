@@ -8,6 +8,8 @@ KINDS = {
     "deepspeed": ("scale.engine.deepspeed", "DeepSpeedEngine"),
 }
 
+ZERO_STAGES = (1, 2, 3)  # engine.zero_stage, deepspeed only
+
 SETTINGS = {
     "ddp": {"kind": "ddp"},
     "fsdp2": {"kind": "fsdp2"},

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from scale.engine.base import Engine
-from scale.engine.clip import CLIP_MODES, clip_gradients
+from scale.engine.clip import clip_gradients
 from scale.engine.ema import ema_update
 from scale.engine.guard import FiniteGuard, guarded_step
 from scale.engine.materialize import is_meta
@@ -24,16 +24,8 @@ from scale.engine.parallel import ParallelContext
 from scale.engine.parallelize import parallelize
 from scale.engine.params import named_parameters, nbytes
 from scale.engine.precision import resolve_precision
-from scale.errors import UserError
 from scale.methods.base import Method
 from scale.optim import build_optimizer, init_state, param_groups
-
-
-def check_common_config(engine_cfg, optim_cfg) -> None:
-    if engine_cfg.grad_accum < 1:
-        raise UserError(f"engine.grad_accum must be >= 1, got {engine_cfg.grad_accum}")
-    if optim_cfg.clip_mode not in CLIP_MODES:
-        raise UserError(f"optim.clip_mode='{optim_cfg.clip_mode}' is not one of {', '.join(CLIP_MODES)}")
 
 
 def broadcast_module(module: nn.Module, group: dist.ProcessGroup | None) -> None:
@@ -57,7 +49,6 @@ class TorchEngine(Engine):
     sharded = False  # parameters are DTensor shards (FSDP2)
 
     def __init__(self, engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device):
-        check_common_config(engine_cfg, optim_cfg)
         self.cfg, self.optim_cfg, self.dist_info, self.device = engine_cfg, optim_cfg, dist_info, device
         self.precision = resolve_precision(engine_cfg.precision, device)
         self.method: Method | None = None

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from scale.config.fields import at_least, choice, within
+from scale.config.fields import at_least, choice, listed_in, within
 
 
 @dataclass
@@ -58,7 +58,9 @@ class MocoConfig:
 class DrlocConfig:
     pairs: int = at_least(64, 1)
     weight: float = 0.5  # lambda: 0.5 for Swin, 0.1 for others
-    mode: str = choice("l1", ["l1", "signed", "ce", "gaussian"])  # Eq. 2 | Eq. 3 | Eq. 5 | Eq. 6
+    mode: str = choice(
+        "l1", listed_in("scale.methods.drloc", "MODES")
+    )  # l1 Eq. 2 | signed Eq. 3 | ce Eq. 5 | gaussian Eq. 6
     every_block: bool = False  # Eq. 7: one localization MLP per block
     exhaustive: bool = False  # Eq. 8: every embedding once, with a random partner
     grid: int = at_least(7, 1)  # grids larger than this are average-pooled to it

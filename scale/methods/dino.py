@@ -15,7 +15,6 @@ from torch import nn
 
 from scale import schedules
 from scale.data.batch import Batch
-from scale.errors import UserError
 from scale.methods import distributed
 from scale.methods.base import Method, StepContext
 from scale.methods.nets import MultiCropNet, init_teacher
@@ -96,12 +95,6 @@ def updated_center(
 class Dino(Method):
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: BackboneFn):
         self.cfg = dc = cfg.method.dino
-        if dc.teacher not in ("ema", "copy"):
-            raise UserError(f"method.dino.teacher: expected ema or copy, got '{dc.teacher}'")
-        if dc.centering not in ("center", "sinkhorn"):
-            raise UserError(f"method.dino.centering: expected center or sinkhorn, got '{dc.centering}'")
-        if dc.loss not in ("ce", "mse"):
-            raise UserError(f"method.dino.loss: expected ce or mse, got '{dc.loss}'")
         self.student = self._build(backbone_fn(), norm_last_layer=dc.norm_last_layer, predictor=dc.predictor)
         self.teacher = init_teacher(
             self._build(backbone_fn(drop_path=0.0), norm_last_layer=dc.norm_last_layer, predictor=False), self.student

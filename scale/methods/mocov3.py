@@ -93,6 +93,4 @@ class MocoV3(Method):
 
 
 def _bn_batching(value: str) -> bool:
-    if value not in ("per_view", "joint"):
-        raise UserError(f"method.moco.bn_batching: expected per_view or joint, got '{value}'")
     return value == "per_view"

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from scale.config.fields import at_least, choice, within
+from scale.config.fields import at_least, choice, listed_in, within
 
 
 def backbone_names() -> list[str]:
@@ -22,13 +22,16 @@ class ModelConfig:
     )  # size the learned pos-embed and Swin windows are built for; other sizes are interpolated
     num_heads: int | None = at_least(None, 1)  # None: the family's default (MoCo v3's ViT-S uses 12)
     drop_path: float = within(0.1, 0.0, 1.0)
-    pos_embed: str = choice("learned", ["learned", "sincos", "none"])  # bicubic-interpolated | fixed 2-D (MoCo v3)
+    # learned (bicubic-interpolated) | sincos (fixed 2-D, MoCo v3) | none
+    pos_embed: str = choice("learned", listed_in("scale.models.vit", "POS_EMBEDS"))
     # sincos only: a parameter initialised with the sin-cos table and trained, as DeiT's learned embedding is when it
     # loads a MoCo v3 checkpoint (MoCo v3 Table 5, transfer/README.md); False: fixed, a buffer checkpoints carry
     pos_embed_trainable: bool = False
     frozen_patch_embed: bool = False  # MoCo v3 random patch projection
-    pooling: str = choice("cls", ["cls", "avg"])  # avg: MoCo v3 ablation, no class token, global average pool
+    # cls | avg: MoCo v3 ablation, no class token, global average pool
+    pooling: str = choice("cls", listed_in("scale.models.vit", "POOLINGS"))
     final_norm: bool = True
     bn_mlp: bool = False  # ViT-BN: BatchNorm instead of LayerNorm before the MLP of every block
     window_size: int = at_least(7, 1)  # Swin: 7, or 14 (EsViT W14: 14 in stages 1-3, 7 in stage 4)
-    weight_init: str = choice("", ["", "moco"])  # ViT: "" timm/DINO trunc-normal 0.02, moco: xavier per q/k/v
+    # ViT: "" timm/DINO trunc-normal 0.02 | moco: xavier per q/k/v
+    weight_init: str = choice("", listed_in("scale.models.vit", "INIT_MODES"))

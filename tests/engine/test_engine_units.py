@@ -75,9 +75,17 @@ def test_lamb_does_not_clip_on_its_own():
     assert opt.defaults["max_grad_norm"] is None
 
 
-def test_unknown_optimizer_is_a_user_error():
-    with pytest.raises(UserError, match="optim.name='adam'"):
-        build_optimizer([{"params": [nn.Parameter(torch.ones(2))]}], optim_config(name="adam"), CPU)
+def test_every_listed_optimizer_builds_its_own_class():
+    """OPTIMIZERS is the list the recipe check accepts (optim.name, tests/foundation/test_config.py)."""
+    from timm.optim import Lamb, Lars
+
+    from scale.optim import OPTIMIZERS
+
+    expected = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "lars": Lars, "lamb": Lamb}
+    assert set(OPTIMIZERS) == set(expected)
+    for name in OPTIMIZERS:
+        built = build_optimizer([{"params": [nn.Parameter(torch.ones(2))]}], optim_config(name=name), CPU)
+        assert type(built) is expected[name]
 
 
 def grads_of(shapes, seed=0):
@@ -125,8 +133,6 @@ def test_checkpointed_blocks():
     assert blocks_to_checkpoint(net, "full", 2) == blocks
     assert blocks_to_checkpoint(net, "every_n", 2) == [blocks[0], blocks[2], blocks[4]]
     assert blocks_to_checkpoint(net, "none", 2) == []
-    with pytest.raises(UserError, match="activation_checkpointing='some'"):
-        blocks_to_checkpoint(net, "some", 2)
     with pytest.raises(UserError, match="needs a backbone with block_modules"):
         blocks_to_checkpoint(nn.Sequential(nn.Linear(2, 2)), "full", 1)
 
@@ -197,18 +203,6 @@ def test_precision_rules():
     assert not resolve_precision("fp32", CPU).mixed
     with pytest.raises(UserError, match="fp16 needs a GPU"):
         resolve_precision("fp16", CPU)
-    with pytest.raises(UserError, match="engine.precision='half'"):
-        resolve_precision("half", CPU)
-
-
-def test_engine_config_errors():
-    info = DistInfo(0, 1, 0, "127.0.0.1", 0, "single")
-    with pytest.raises(UserError, match="engine.kind='zero'"):
-        build_engine(EngineConfig(kind="zero"), optim_config(), info, CPU)
-    with pytest.raises(UserError, match="engine.grad_accum"):
-        build_engine(EngineConfig(kind="ddp", grad_accum=0), optim_config(), info, CPU)
-    with pytest.raises(UserError, match="optim.clip_mode='norm'"):
-        build_engine(EngineConfig(kind="fsdp2"), optim_config(clip_mode="norm"), info, CPU)
 
 
 def test_toy_method_contract():
