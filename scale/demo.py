@@ -95,7 +95,14 @@ def knn_of(recipe: str, overrides: list[str], weights: str | None, out: Path) ->
     return result
 
 
-def run_demo(method: str = "dino", run_dir: str | Path = "runs/demo", steps: int | None = None, nproc: int = 2) -> Path:
+def run_demo(
+    method: str = "dino",
+    run_dir: str | Path = "runs/demo",
+    steps: int | None = None,
+    nproc: int = 2,
+    bench: bool = True,
+) -> Path:
+    """`bench`: step 5, the engine benchmark (a third of a short story's time); without it the report has none."""
     if method not in STORIES:
         raise UserError(f"--method must be one of {', '.join(STORIES)}, got '{method}'")
     recipe, dataset, evaluated = STORIES[method]
@@ -123,8 +130,12 @@ def run_demo(method: str = "dino", run_dir: str | Path = "runs/demo", steps: int
     after = knn_of(recipe, overrides, str(weights), run_dir / "eval" / "knn_after.json")
     pictures = attention_pictures(recipe, overrides, str(weights), run_dir / "viz")
 
-    say(f"5/6 throughput benchmark: {BENCH_STEPS} timed steps per engine on {nproc} processes")
-    bench_table = benchmark(recipe, overrides, run_dir / "bench", env, nproc)
+    bench_table = None
+    if bench:
+        say(f"5/6 throughput benchmark: {BENCH_STEPS} timed steps per engine on {nproc} processes")
+        bench_table = benchmark(recipe, overrides, run_dir / "bench", env, nproc)
+    else:
+        say("5/6 throughput benchmark: skipped (--no-bench)")
 
     say("6/6 writing the report")
     summary = _summary(before, after, bench_table, run_dir, time.time() - started) + _attention_note(pictures)
@@ -215,7 +226,7 @@ def _planned_steps(recipe: str, overrides: list[str]) -> int:
     return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 
 
-def _summary(before: dict, after: dict, bench_table: str, run_dir: Path, seconds: float) -> list[str]:
+def _summary(before: dict, after: dict, bench_table: str | None, run_dir: Path, seconds: float) -> list[str]:
     metrics = read_metrics(run_dir / "metrics.jsonl")
     speeds = [m["images_per_s"] for m in metrics if "images_per_s" in m]
     lines = [
@@ -237,6 +248,7 @@ def _summary(before: dict, after: dict, bench_table: str, run_dir: Path, seconds
             f"Median {ordered[len(ordered) // 2]:.1f} images/s (global, {len(speeds)} logged steps; CPU, gloo).",
             "",
         ]
-    lines += ["## Benchmark (`scale bench`)", "", "```", bench_table.rstrip(), "```", ""]
+    if bench_table is not None:
+        lines += ["## Benchmark (`scale bench`)", "", "```", bench_table.rstrip(), "```", ""]
     lines += [f"The whole demo took {seconds / 60:.1f} minutes.", ""]
     return lines

@@ -1,4 +1,4 @@
-"""scale demo [--method dino|esvit|mocov3|drloc] [--run-dir DIR] [--steps N]"""
+"""scale demo [--method dino|esvit|mocov3|drloc] [--run-dir DIR] [--steps N] [--no-bench]"""
 
 
 def register(sub) -> None:
@@ -7,11 +7,12 @@ def register(sub) -> None:
     parser.add_argument("--run-dir", default="runs/demo", help="where shards, runs and the report go")
     parser.add_argument("--steps", type=int, help="train this many steps instead of the recipe's epochs")
     parser.add_argument("--nproc", type=int, default=2, help="CPU processes (gloo)")
+    parser.add_argument("--no-bench", dest="bench", action="store_false", help="skip the engine benchmark (step 5)")
     parser.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args) -> int:
     from scale.demo import run_demo
 
-    run_demo(args.method, args.run_dir, args.steps, args.nproc)
+    run_demo(args.method, args.run_dir, args.steps, args.nproc, args.bench)
     return 0

@@ -43,11 +43,14 @@ def test_demo_story_end_to_end(tmp_path, capfd, monkeypatch):
 
 @pytest.mark.parametrize("method", ["mocov3", "esvit", "drloc"])
 def test_demo_story_for_the_other_methods(method, tmp_path, capfd, monkeypatch):
+    """Without the engine benchmark (the DINO story runs it; it is the same `scale bench` for every method)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    report = run_demo(method, tmp_path, steps=4, nproc=2)
+    report = run_demo(method, tmp_path, steps=4, nproc=2, bench=False)
     out = capfd.readouterr().out
     run = tmp_path / method
     assert report == run / "report" / "report.md" and f"scale demo: {method}" in report.read_text()
+    assert "benchmark: skipped" in out and "## Benchmark" not in report.read_text()
+    assert not (run / "bench").exists()
     assert "interrupted at step" in out and "resuming from its latest checkpoint" in out
     steps = [m["step"] for m in read_metrics(run / "metrics.jsonl")]
     assert max(steps) == 4 and len(set(steps)) == len(steps)
