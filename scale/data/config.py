@@ -43,7 +43,8 @@ class DataConfig:
     # a shard directory with an _info.json manifest; ${oc.env:SCALE_DATA,data} lets a cluster point elsewhere
     train: str = "${oc.env:SCALE_DATA,data}/imagenet1k/train"
     val: str = "${oc.env:SCALE_DATA,data}/imagenet1k/val"
-    backend: str = choice("torchvision", ["torchvision", "dali"])  # dali: extra `dali`; multicrop, two_view
+    # torchvision | dali (the extra `dali`; multicrop and two_view views)
+    backend: str = choice("torchvision", listed_in("scale.data.factory", "BACKENDS"))
     dali_device: str = choice("auto", ["auto", "gpu", "cpu"])  # auto: the GPU when CUDA is available
     # epochs: every sample once per epoch | resampled: an infinite stream
     mode: str = choice("epochs", listed_in("scale.data.loader", "MODES"))

@@ -2,9 +2,8 @@
 crop views under DALI). Kept apart from both, so that neither imports the other's importer."""
 
 from scale.data.loader import Loader
-from scale.errors import UserError
 
-BACKENDS = ("torchvision", "dali")
+BACKENDS = ("torchvision", "dali")  # data.backend
 
 
 def build_loader(
@@ -21,8 +20,6 @@ def build_loader(
     """A loader over data_cfg.train or data_cfg.val (scale/data/loader.py's docstring says what it guarantees);
     with data.backend=dali, the crop views (multicrop, two_view) come from scale.data.dali, the others from Loader.
     `pin_memory` (torchvision backend): batches in page-locked memory, for asynchronous copies to a GPU."""
-    if data_cfg.backend not in BACKENDS:
-        raise UserError(f"data.backend must be one of {', '.join(BACKENDS)}, got '{data_cfg.backend}'")
     kind = (views_cfg if views_cfg is not None else data_cfg.views).kind
     if data_cfg.backend == "dali" and kind in ("multicrop", "two_view"):
         from scale.data.dali import build_dali_loader

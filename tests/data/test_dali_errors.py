@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
+from scale.config import load_recipe
 from scale.data.factory import build_loader
 from scale.data.loader import Loader
-from scale.errors import UserError
+from scale.errors import ConfigError, UserError
 from tests.data.helpers import good_shards, tiny_cfg
 
 
@@ -18,10 +19,9 @@ def test_missing_dali_names_the_extra(tmp_path, monkeypatch):
         build_loader(tiny_cfg(tmp_path, backend="dali"), "train", 4, 0, 1, seed=0)
 
 
-def test_unknown_backend_is_a_user_error(tmp_path):
-    good_shards(tmp_path, [8])
-    with pytest.raises(UserError, match="data.backend must be one of torchvision, dali"):
-        build_loader(tiny_cfg(tmp_path, backend="nvjpeg"), "train", 4, 0, 1, seed=0)
+def test_unknown_backend_is_refused_when_the_recipe_loads():
+    with pytest.raises(ConfigError, match="data.backend='nvjpeg' is not one of: torchvision, dali"):
+        load_recipe("demo/dino_tiny", ["data.backend=nvjpeg"])
 
 
 def test_views_dali_does_not_make_come_from_the_torchvision_loader(tmp_path):
