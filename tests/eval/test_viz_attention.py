@@ -11,6 +11,7 @@ from scale.cli import main as cli
 from scale.config import load_recipe
 from scale.errors import UserError
 from scale.eval import voc
+from scale.eval.weights import load_backbone
 from scale.models import build_backbone
 from scale.viz import attention as attn
 
@@ -121,7 +122,15 @@ def test_cli_draws_pictures_and_scores_voc(tmp_path, capsys):
     assert cli([*args, "--out", str(out)]) == 0
     assert (out / "attention_2007_000001.png").stat().st_size > 2000
     result = json.loads((out / "attention.json").read_text())
-    assert 0 <= result["jaccard"]["random init"]["jaccard_best_head"] <= 100
+    # the command scores the recipe's seeded random init on the VOC split as voc.evaluate does
+    cfg = load_recipe(RECIPE, CLS_VIT)
+    torch.manual_seed(cfg.train.seed)
+    backbone = load_backbone(cfg.model, None, torch.device("cpu"))
+    mean, std = list(cfg.data.views.mean), list(cfg.data.views.std)
+    expected = voc.evaluate(backbone, voc.read_voc(root, "val", None), 0.6, 32, mean, std)
+    scored = result["jaccard"]["random init"]
+    assert scored["jaccard_per_head"] == pytest.approx(expected["jaccard_per_head"])
+    assert scored["best_head"] == expected["best_head"] and scored["images"] == expected["images"] == 2
     (root / "JPEGImages" / "2007_000001.jpg").unlink()
     assert cli([*args, "--out", str(out)]) == 2
     assert "2007_000001.jpg" in capsys.readouterr().err
