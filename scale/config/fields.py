@@ -5,7 +5,9 @@
     workers: int = at_least(4, 0)  # a lower bound; for a list, of each element; None always passes
     flip_p: float = within(0.5, 0.0, 1.0)  # both bounds, inclusive
 
-Adding a choice is adding it to the list; adding a checked field is declaring it with one of these.
+Where the implementation keeps a table or tuple of the choices, the schema reads that one (`listed_in`) and the
+implementation does not check the value again: the loader has. Adding a choice is adding it to that one list;
+adding a checked field is declaring it with one of these.
 scale/config/validate.py reads the rules back from the dataclass fields' metadata.
 """
 
