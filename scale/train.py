@@ -8,6 +8,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from scale.checkpoint import Checkpointer, CheckpointStore
+from scale.checkpoint.init import check_init_weights
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.factory import build_loader
@@ -34,6 +35,8 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     check_launch(cfg, nproc if spawning else detect().world_size)
     run.check_writable()
     check_resumable(run, cfg)
+    if cfg.train.init_weights and not CheckpointStore(run.checkpoints).candidates():  # a fresh run loads them
+        check_init_weights(cfg.model, cfg.train.init_weights)
     if spawning:
         return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root)])
     info, device = init_distributed()

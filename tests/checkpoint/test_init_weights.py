@@ -38,9 +38,21 @@ def test_fresh_run_starts_from_exported_backbone(embedded_data, tmp_path, weight
         assert all(torch.equal(loaded[k], state[k]) for k in state), part
 
 
-def test_mismatched_weights_fail_naming_the_file(embedded_data, tmp_path):
+@pytest.mark.parametrize("wrong", ["names", "shapes"])
+def test_mismatched_weights_fail_naming_the_file_before_any_rank_starts(embedded_data, tmp_path, weights, wrong):
+    """Checked before spawning: one message, exit 2, no rank started (found on the ranks, the first to leave could
+    tear down a collective a slower peer had not finished, seen once in a loaded flake loop as exit 1 and a gloo
+    backtrace); a shape mismatch was a traceback from load_state_dict on every rank."""
+    _, state = weights
+    if wrong == "names":
+        state = {"not_a_backbone.weight": torch.zeros(2)}
+    else:
+        name = next(k for k, v in state.items() if v.ndim == 2)
+        state = {**state, name: torch.zeros(state[name].shape[0] + 1, state[name].shape[1])}
     path = tmp_path / "wrong.safetensors"
-    save_file({"not_a_backbone.weight": torch.zeros(2)}, str(path))
+    save_file(state, str(path))
     out = run_train(embedded_data, tmp_path / "run", FROZEN + [f"train.init_weights={path}"])
-    assert out.returncode == 2
-    assert "wrong.safetensors does not match" in out.stderr
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.count("wrong.safetensors does not match") == 1 and "Traceback" not in out.stderr
+    assert ("shapes " in out.stderr) == (wrong == "shapes")
+    assert not list((tmp_path / "run").glob("logs/rank*.log"))  # no rank was started
