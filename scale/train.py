@@ -15,7 +15,7 @@ from scale.data.factory import build_loader
 from scale.engine.dist import DistInfo, detect, init_distributed, shutdown
 from scale.engine.parallel import ParallelContext, as_parallel, parallel_context
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
-from scale.eval.classify import Validation
+from scale.eval.classify import Validation, check_val_data
 from scale.faults import maybe_inject
 from scale.launch.local import already_launched, spawn
 from scale.methods import has_class_head
@@ -37,6 +37,8 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     check_resumable(run, cfg)
     if cfg.train.init_weights and not CheckpointStore(run.checkpoints).candidates():  # a fresh run loads them
         check_init_weights(cfg.model, cfg.train.init_weights)
+    if validates(cfg):
+        check_val_data(cfg)
     if spawning:
         return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root)])
     info, device = init_distributed()
@@ -44,6 +46,11 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
         return Trainer(cfg, run, parallel_context(info, device, cfg.engine.shard_size), device).fit()
     finally:
         shutdown()
+
+
+def validates(cfg: DictConfig) -> bool:
+    """Whether the run reports validation accuracy (a method with a class head, train.val_every_epochs > 0)."""
+    return has_class_head(cfg) and cfg.train.val_every_epochs > 0
 
 
 def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> None:
@@ -78,11 +85,7 @@ class Trainer:
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
-        self.validation = (
-            Validation(cfg, info, device, run.root / "eval" / "val.json")  # checks data.val at once
-            if has_class_head(cfg) and cfg.train.val_every_epochs > 0
-            else None
-        )
+        self.validation = Validation(cfg, info, device, run.root / "eval" / "val.json") if validates(cfg) else None
         fresh = not CheckpointStore(run.checkpoints).candidates()
         self.step = TrainStep(
             cfg,

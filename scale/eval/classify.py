@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from scale.engine.parallel import ParallelContext
-from scale.errors import UserError
+from scale.errors import ConfigError, UserError
 from scale.eval.data import dataset_info, eval_views_cfg, lockstep_batches
 from scale.eval.session import write_json
 
@@ -55,30 +55,35 @@ def accuracy(
     }
 
 
+def check_val_data(cfg) -> None:
+    """data.val of a run that validates, checked before any rank starts (an error found on the ranks once their
+    process group is up could end one rank while a slower peer is still in a collective)."""
+    try:
+        data = dataset_info(cfg.data.val)
+    except UserError as err:
+        raise ConfigError(
+            f"data.val: {err}. Runs with a class head report validation accuracy: build the val "
+            f"shards, or set train.val_every_epochs=0"
+        ) from None
+    if data["label_kind"] != "single":
+        raise ConfigError(
+            f"data.val ({cfg.data.val}): validation needs one class per image, the shards hold "
+            f"'{data['label_kind']}' labels"
+        )
+    if len(data["classes"]) > cfg.data.num_classes:
+        raise ConfigError(
+            f"data.val ({cfg.data.val}) has {len(data['classes'])} classes, more than "
+            f"data.num_classes={cfg.data.num_classes}"
+        )
+
+
 class Validation:
-    """The validation of a run whose method classifies: data.val is checked before training starts, then
+    """The validation of a run whose method classifies (data.val checked by `check_val_data` before the launch):
     evaluated every `train.val_every_epochs` epochs and after the last step; each result goes to the step's
     metrics (val_top1, val_top5) and is appended to eval/val.json in the run directory."""
 
     def __init__(self, cfg, info: ParallelContext, device: torch.device, out: Path):
         self.cfg, self.info, self.device, self.out = cfg, info, device, out
-        try:
-            data = dataset_info(cfg.data.val)
-        except UserError as err:
-            raise UserError(
-                f"data.val: {err}. Runs with a class head report validation accuracy: build the val "
-                f"shards, or set train.val_every_epochs=0"
-            ) from None
-        if data["label_kind"] != "single":
-            raise UserError(
-                f"data.val ({cfg.data.val}): validation needs one class per image, the shards hold "
-                f"'{data['label_kind']}' labels"
-            )
-        if len(data["classes"]) > cfg.data.num_classes:
-            raise UserError(
-                f"data.val ({cfg.data.val}) has {len(data['classes'])} classes, more than "
-                f"data.num_classes={cfg.data.num_classes}"
-            )
 
     def due(self, done: int, stop: int, steps_per_epoch: int) -> bool:
         every = self.cfg.train.val_every_epochs * steps_per_epoch

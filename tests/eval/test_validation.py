@@ -13,7 +13,6 @@ from scale.checkpoint.export import export
 from scale.cli import main as cli
 from scale.config import load_recipe
 from scale.data.batch import Batch
-from scale.errors import UserError
 from scale.eval.classify import accuracy
 from scale.eval.data import ShardSamples, eval_views_cfg, lockstep_batches
 from scale.methods import build_method
@@ -134,12 +133,12 @@ def test_finetune_needs_a_recipe_with_a_class_head(capsys):
     assert "has no class head" in capsys.readouterr().err
 
 
-def test_missing_val_shards_fail_before_training(data, tmp_path):
-    from scale.engine.dist import detect
-    from scale.rundir import RunDir
-    from scale.train import Trainer
+def test_missing_val_shards_fail_before_any_rank_starts(data, tmp_path):
+    """A config error raised before the process group exists (printed once, on rank 0), not on every rank."""
+    from scale.errors import ConfigError
+    from scale.train import main
 
     _, recipe = data
-    cfg = load_recipe(recipe, [f"data.val={tmp_path}/nowhere", "engine.kind=ddp"])
-    with pytest.raises(UserError, match="data.val: shard manifest not found.*train.val_every_epochs=0"):
-        Trainer(cfg, RunDir(tmp_path / "run"), detect({}), torch.device("cpu"))
+    overrides = [f"data.val={tmp_path}/nowhere", "engine.kind=ddp"]
+    with pytest.raises(ConfigError, match="data.val: shard manifest not found.*train.val_every_epochs=0"):
+        main(recipe, overrides, run_dir=str(tmp_path / "run"), nproc=2)
