@@ -7,7 +7,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from scale.errors import ConfigError, UserError
-from scale.eval.weights import read_state_dict
+from scale.eval.weights import mismatch, read_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,6 @@ def check_init_weights(model_cfg, path: str) -> None:
         raise ConfigError(
             f"train.init_weights {path} does not match the recipe's backbone: {problem or 'shapes ' + ', '.join(wrong_shapes[:5])}"
         )
-
-
-def mismatch(wanted, found) -> str:
-    """'' when the names agree, else which are missing and which unexpected (the first five of each)."""
-    missing, unexpected = sorted(set(wanted) - set(found)), sorted(set(found) - set(wanted))
-    return f"missing {missing[:5]}, unexpected {unexpected[:5]}" if missing or unexpected else ""
 
 
 def load_backbone_weights(modules: list[nn.Module], path: str, sharded: bool) -> None:

@@ -62,6 +62,5 @@ class OptimConfig:
     eps: float = 1e-8
     momentum: float = 0.9
     clip_grad: float = at_least(3.0, 0.0)  # 0 disables
-    clip_mode: str = choice(
-        "per_param", listed_in("scale.engine.clip", "CLIP_MODES")
-    )  # per_param: DINO's official rule
+    # per_param (DINO's official rule) | global
+    clip_mode: str = choice("per_param", listed_in("scale.engine.clip", "CLIP_MODES"))

@@ -32,6 +32,12 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def mismatch(wanted, found) -> str:
+    """'' when the names agree, else which are missing and which unexpected (the first five of each)."""
+    missing, unexpected = sorted(set(wanted) - set(found)), sorted(set(found) - set(wanted))
+    return f"missing {missing[:5]}, unexpected {unexpected[:5]}" if missing or unexpected else ""
+
+
 def load_backbone(
     model_cfg, weights: str | Path | None, device: torch.device, drop_path: float = 0.0, frozen: bool = True
 ) -> nn.Module:
@@ -42,12 +48,9 @@ def load_backbone(
         log.info("evaluating %s at random initialisation (no --weights)", model_cfg.name)
     else:
         state = read_state_dict(weights)
-        missing, unexpected = backbone.state_dict().keys() - state.keys(), state.keys() - backbone.state_dict().keys()
-        if missing or unexpected:
-            raise UserError(
-                f"--weights {weights} does not match model '{model_cfg.name}': "
-                f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
-            )
+        problem = mismatch(backbone.state_dict().keys(), state.keys())
+        if problem:
+            raise UserError(f"--weights {weights} does not match model '{model_cfg.name}': {problem}")
         try:
             backbone.load_state_dict(state, strict=True)
         except RuntimeError as err:  # shape mismatches

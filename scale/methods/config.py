@@ -58,9 +58,8 @@ class MocoConfig:
 class DrlocConfig:
     pairs: int = at_least(64, 1)
     weight: float = 0.5  # lambda: 0.5 for Swin, 0.1 for others
-    mode: str = choice(
-        "l1", listed_in("scale.methods.drloc", "MODES")
-    )  # l1 Eq. 2 | signed Eq. 3 | ce Eq. 5 | gaussian Eq. 6
+    # l1 Eq. 2 | signed Eq. 3 | ce Eq. 5 | gaussian Eq. 6
+    mode: str = choice("l1", listed_in("scale.methods.drloc", "MODES"))
     every_block: bool = False  # Eq. 7: one localization MLP per block
     exhaustive: bool = False  # Eq. 8: every embedding once, with a random partner
     grid: int = at_least(7, 1)  # grids larger than this are average-pooled to it
