@@ -13,9 +13,9 @@ torchtitan and DINOv3 compile (one graph per block, not the whole model).
   an fp32 unit under mixed precision) whose hooks must run eagerly, so they may break.
 """
 
-import torch
 from torch import nn
 
+from scale.engine import torch_compat
 from scale.engine.activation import part_blocks
 from scale.methods.base import Method
 
@@ -28,7 +28,7 @@ RECOMPILE_LIMIT = 256
 
 
 def compile_forward(module: nn.Module, backend: str, fullgraph: bool) -> None:
-    module.forward = torch.compile(
+    module.forward = torch_compat.compile_fn(
         module.forward, backend=backend, fullgraph=fullgraph, dynamic=False, recompile_limit=RECOMPILE_LIMIT
     )
 

@@ -2,8 +2,8 @@
 replicated module, updated on every rank by the same EMA."""
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
+from scale.engine import torch_compat
 from scale.engine.ema import copy_student_to_teacher
 from scale.engine.materialize import materialize
 from scale.engine.torch_engine import TorchEngine, broadcast_module
@@ -25,10 +25,10 @@ class DDPEngine(TorchEngine):
         # No init_sync: setup() has broadcast rank 0's parameters and buffers already; DDP's own sync would repeat it
         # through a flattened copy of the parameters that gloo's worker thread may free, where the CPU memory
         # profiler of scale.bench does not see it (it would then count that copy as alive in the measured step)
-        method.student = DistributedDataParallel(
+        method.student = torch_compat.ddp(
             method.student,
+            sync_buffers=False,
             device_ids=device_ids,
-            forward_sync_buffers=False,
             gradient_as_bucket_view=True,
             init_sync=False,
             process_group=self.dist_info.dp_group,
