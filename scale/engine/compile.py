@@ -9,11 +9,13 @@ torchtitan and DINOv3 compile (one graph per block, not the whole model).
 - Static shapes (`dynamic=False`): each crop resolution (2 global + N local crops: one batch shape per group) gets
   its own specialised graph in the first step, and later steps reuse them, with no recompilation.
 - Blocks are compiled with `fullgraph=True` (every backbone's blocks trace without a graph break: tested), so a
-  break is an error, not a silent slowdown. Heads may hold engine units of their own (FSDP2 makes each BatchNorm
-  an fp32 unit under mixed precision) whose hooks must run eagerly, so they may break.
+  break is an error, not a silent slowdown. Heads, and blocks that hold a BatchNorm (ViT-BN, ResNet), may hold
+  engine units of their own (FSDP2 makes each BatchNorm an fp32 unit under mixed precision) whose hooks run
+  eagerly, so they may break: under FSDP2 with bf16 a ViT-BN block runs eagerly (seen on an H100).
 """
 
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from scale.engine import torch_compat
 from scale.engine.activation import part_blocks
@@ -33,6 +35,10 @@ def compile_forward(module: nn.Module, backend: str, fullgraph: bool) -> None:
     )
 
 
+def holds_batchnorm(module: nn.Module) -> bool:
+    return any(isinstance(sub, _BatchNorm) for sub in module.modules())
+
+
 def compile_net(net: nn.Module, backend: str) -> int:
     """Compile every block of the net's parts and every part without blocks that holds parameters (the heads);
     returns how many modules."""
@@ -40,7 +46,7 @@ def compile_net(net: nn.Module, backend: str) -> int:
     for part in net.children():
         blocks = part_blocks(part)
         for block in blocks:
-            compile_forward(block, backend, fullgraph=True)
+            compile_forward(block, backend, fullgraph=not holds_batchnorm(block))
         is_head = not blocks and any(True for _ in part.parameters())
         if is_head:
             compile_forward(part, backend, fullgraph=False)

@@ -23,8 +23,10 @@ optimizer is a torch optimizer from scale.optim with the same parameter groups a
 """
 
 import argparse
+import hashlib
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,7 +51,16 @@ DS_OPTIMIZERS = ("adamw", "sgd")
 CHECKPOINT_TAG = "state"
 
 
+def op_build_dir(prefix: str = sys.prefix) -> str:
+    """Where DeepSpeed's just-in-time op builds go for this Python environment. torch's default,
+    ~/.cache/torch_extensions/py311_cpu, is shared by every venv of the machine: each rebuilt the ops the other had
+    built, and torch 2.11 waited forever on a lock file torch 2.14 had left there."""
+    key = hashlib.sha256(f"{prefix}|{torch.__version__}".encode()).hexdigest()[:12]
+    return str(Path.home() / ".cache" / "scale" / "torch_extensions" / key)
+
+
 def import_deepspeed(device: torch.device):
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", op_build_dir())  # torch's cpp_extension reads it at each build
     if device.type == "cpu":
         # DeepSpeed picks its accelerator at import; never set this on a GPU machine
         os.environ.setdefault("DS_ACCELERATOR", "cpu")

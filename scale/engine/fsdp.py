@@ -9,10 +9,11 @@ reduce-scattered inside the group, then all-reduced across groups). The teacher 
 stays a local lerp over matching shards.
 
 Mixed precision: bf16 (or fp16) parameters for compute, fp32 gradient reduction and fp32 sharded master weights;
-BatchNorm layers are fp32 units of their own.
+BatchNorm layers are fp32 units of their own, whose inputs and outputs are cast by hooks of ours (`fp32_inside`).
 """
 
 import warnings
+from functools import partial
 
 import torch
 from torch import nn
@@ -34,6 +35,23 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 
 def has_params(module: nn.Module) -> bool:
     return any(True for _ in module.parameters())
+
+
+def to_fp32(module: nn.Module, args: tuple) -> tuple:
+    return tuple(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+
+
+def to_dtype(dtype: torch.dtype, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    return output.to(dtype)
+
+
+def fp32_inside(module: nn.Module, compute_dtype: torch.dtype) -> None:
+    """Inputs cast to fp32 before the module and its output back to the compute dtype, by plain module hooks.
+    Not FSDP2's cast_forward_inputs/output_dtype: FSDP2 skips its forward hooks when activation checkpointing
+    recomputes a block in the backward, so a BatchNorm inside a checkpointed block (ViT-BN, ResNet) saw fp32
+    inputs in the forward and bf16 ones in the recomputation, which checkpointing refuses (seen on an H100)."""
+    module.register_forward_pre_hook(to_fp32)
+    module.register_forward_hook(partial(to_dtype, compute_dtype))
 
 
 class FSDPEngine(TorchEngine):
@@ -68,9 +86,10 @@ class FSDPEngine(TorchEngine):
                 if isinstance(sub, _BatchNorm) and has_params(sub):
                     # fp32 inside, outputs back in the compute dtype for the next (low-precision) layer
                     bn_policy = MixedPrecisionPolicy(
-                        param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=self.precision.dtype
+                        param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False
                     )
                     fully_shard(sub, mesh=self.mesh, reshard_after_forward=reshard_after_forward, mp_policy=bn_policy)
+                    fp32_inside(sub, self.precision.dtype)
         for part in model.children():
             for block in part_blocks(part):
                 fully_shard(block, **kwargs)
