@@ -17,10 +17,12 @@ STEPS, STEPS_PER_EPOCH, GLOBAL_BATCH = 4, 2, 8
 LR, WD = 1e-3, 0.04
 
 
-def recipe(kind: str, engine_kw: dict, freeze_epochs: int):
+def recipe(kind: str, engine_kw: dict, freeze_epochs: int, model_kw: dict | None = None):
+    """model_kw: other model settings than the tiny ViT's (the GPU tests' Swin)."""
     cfg = OmegaConf.structured(Recipe)
     cfg.method.kind = kind
     cfg.model.name, cfg.model.img_size, cfg.model.drop_path = "vit_nano", 32, 0.0
+    cfg.model.update(model_kw or {})
     cfg.method.dino.update(out_dim=64, hidden_dim=32, bottleneck_dim=16, freeze_last_layer=freeze_epochs)
     cfg.method.moco.update(dim=16, mlp_dim=32, bn_in_heads=False)  # no SyncBN on CPU: no BatchNorm in the heads
     cfg.method.drloc.update(pairs=8, grid=2, hidden_dim=32)
@@ -59,7 +61,9 @@ def fixed_positions(batch: int, k: int, m: int, exhaustive: bool, device=None) -
     return pos1.expand(batch, m, 2), pos2.expand(batch, m, 2)
 
 
-def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1, steps: int = STEPS) -> dict:
+def real_run(
+    kind: str, engine_kw: dict, freeze_epochs: int = 1, steps: int = STEPS, model_kw: dict | None = None
+) -> dict:
     """Each rank trains on its share of the same global batches; losses are averaged over ranks."""
     from scale.engine import build_engine
     from scale.engine.dist import detect, device_for
@@ -70,7 +74,7 @@ def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1, steps: int = ST
     drloc.sample_positions = fixed_positions  # in the spawned rank only
     torch._dynamo.reset()  # engine.compile: each run compiles its own graphs, counted from here
     graphs_before = counters["stats"]["unique_graphs"]
-    cfg = recipe(kind, engine_kw, freeze_epochs)
+    cfg = recipe(kind, engine_kw, freeze_epochs, model_kw)
     device = device_for(detect())
     info = parallel_context(detect(), device, cfg.engine.shard_size)
     torch.manual_seed(0)
@@ -102,5 +106,7 @@ def real_run(kind: str, engine_kw: dict, freeze_epochs: int = 1, steps: int = ST
 
 
 def real_jobs(jobs: list[tuple], steps: int = STEPS) -> dict:
-    """(label, kind, engine_kw, freeze_epochs) runs in one process group."""
-    return {label: real_run(kind, engine_kw, freeze, steps) for label, kind, engine_kw, freeze in jobs}
+    """(label, kind, engine_kw, freeze_epochs[, model_kw]) runs in one process group."""
+    return {
+        label: real_run(kind, engine_kw, freeze, steps, *model_kw) for label, kind, engine_kw, freeze, *model_kw in jobs
+    }

@@ -1,5 +1,7 @@
-"""What the GPU tests run inside spawned ranks (engine_toy.spawn): the CPU tests' jobs in full fp32, and
-SyncBatchNorm on each rank's part of one batch."""
+"""What the GPU tests run inside spawned ranks (engine_toy.spawn): the CPU tests' jobs in full fp32 (and with
+deterministic kernels), and SyncBatchNorm on each rank's part of one batch."""
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -16,6 +18,14 @@ def in_fp32(fn, *args):
     """fn(*args) with TF32 off, so that fp32 results compare with the CPU's."""
     exact_fp32()
     return fn(*args)
+
+
+def deterministic(fn, *args):
+    """fn(*args) in full fp32 with torch's deterministic kernels where it has them (a warning where it has not) and
+    cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG, read when its first handle is made), for bit-exact reruns."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return in_fp32(fn, *args)
 
 
 def bn_inputs() -> tuple[torch.Tensor, torch.Tensor, dict]:

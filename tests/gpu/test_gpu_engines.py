@@ -1,5 +1,5 @@
-"""One DINO, EsViT, MoCo v3 and DRLoc run (4 steps, tiny ViT, the CPU tests' engine_real) per engine on CUDA
-against the same run on the CPU (one process, DDP, fp32):
+"""One DINO, EsViT, MoCo v3 and DRLoc run (4 steps, tiny ViT, the CPU tests' engine_real) per engine (DDP, FSDP2,
+DeepSpeed ZeRO-1/2/3) on CUDA against the same run on the CPU (one process, DDP, fp32):
 
 - fp32 on 1 GPU, and on 2 GPUs over NCCL (each rank half of every global batch): losses and weights equal the
   CPU's within 1e-4 (float summation order; one step moves the weights by about the learning rate, 1e-3);
@@ -25,6 +25,7 @@ ENGINES = {
     "ddp": {"kind": "ddp"},
     "fsdp2": {"kind": "fsdp2"},
     "zero1": {"kind": "deepspeed", "zero_stage": 1},
+    "zero2": {"kind": "deepspeed", "zero_stage": 2},
     "zero3": {"kind": "deepspeed", "zero_stage": 3},
 }
 MIXED = ["bf16"] if SELF_CHECK else ["bf16", "fp16"]  # fp16 needs CUDA
