@@ -32,10 +32,15 @@ def embedded_data(tmp_path_factory) -> Path:
 # worker would start it again while the first uses it), the checkpoint modules one reference run. Every other
 # module is its own unit, and its tests stay together so that module fixtures are built once.
 SHARED_SCOPES = ("tests/slurm/", "tests/checkpoint/")
+GPU_TESTS = "tests/gpu/"
 
 
 def xdist_scope(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
+    if path.startswith(GPU_TESTS):
+        # one unit per test function and fixture parameter: a GPU module's runs share one device, and its module
+        # fixtures (each a batch of runs in one process) are built on as many workers as there are units using them
+        return nodeid.split("[", 1)[0] + "".join(p for p in ("[bf16", "[fp16") if p in nodeid)
     return next((shared for shared in SHARED_SCOPES if path.startswith(shared)), path)
 
 

@@ -54,6 +54,19 @@ def fp32_inside(module: nn.Module, compute_dtype: torch.dtype) -> None:
     module.register_forward_hook(partial(to_dtype, compute_dtype))
 
 
+class ShardedScaler(ShardedGradScaler):
+    """torch's ShardedGradScaler with the inf flag in the shape fused Adam/AdamW take. ShardedGradScaler keeps it
+    in shape [1], GradScaler in shape []; the fused optimizers subtract it in place from their 0-d step counts, which
+    fails for [1] (pytorch/pytorch#140514: every fp16 FSDP2 step on an H100, torch 2.11)."""
+
+    def unscale_(self, optimizer) -> None:
+        super().unscale_(optimizer)
+        state = self._per_optimizer_states[id(optimizer)]
+        if "found_inf_per_device" in state:  # absent when the scaler is disabled
+            flags = state["found_inf_per_device"]
+            state["found_inf_per_device"] = {device: flag.reshape(()) for device, flag in flags.items()}
+
+
 class FSDPEngine(TorchEngine):
     kind = "fsdp2"
     sharded = True
@@ -101,4 +114,4 @@ class FSDPEngine(TorchEngine):
         self.method.student.set_requires_gradient_sync(enabled)
 
     def make_scaler(self):
-        return ShardedGradScaler(self.device.type)
+        return ShardedScaler(self.device.type)

@@ -20,7 +20,11 @@ def accepts(fn, keyword: str) -> bool:
 
 def ddp(module, *, sync_buffers: bool, **kwargs) -> DistributedDataParallel:
     """DistributedDataParallel(module, ...) with the forward buffer broadcast set by whichever keyword this torch has."""
-    key = "forward_sync_buffers" if accepts(DistributedDataParallel.__init__, "forward_sync_buffers") else "broadcast_buffers"
+    key = (
+        "forward_sync_buffers"
+        if accepts(DistributedDataParallel.__init__, "forward_sync_buffers")
+        else "broadcast_buffers"
+    )
     return DistributedDataParallel(module, **{key: sync_buffers}, **kwargs)
 
 

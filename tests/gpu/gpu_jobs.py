@@ -14,6 +14,24 @@ from scale.engine.dist import detect, device_for
 BN_BATCH, BN_CHANNELS = 8, 4
 
 
+def cpu_draws(fn, *args):
+    """fn(*args) with torch.randint drawing from the CPU's generator and moving its result to the asked device.
+    DRLoc samples its token pairs with torch.randint on the loss's device, and CUDA's generator draws other numbers
+    than the CPU's from the same seed: a GPU run would train on other pairs than the CPU run it is compared with
+    (seen on an H100). Both runs of a comparison use it."""
+    original = torch.randint
+
+    def randint(*args, device=None, **kwargs):
+        drawn = original(*args, **kwargs)
+        return drawn if device is None else drawn.to(device)
+
+    torch.randint = randint
+    try:
+        return fn(*args)
+    finally:
+        torch.randint = original
+
+
 def in_fp32(fn, *args):
     """fn(*args) with TF32 off, so that fp32 results compare with the CPU's."""
     exact_fp32()

@@ -135,6 +135,11 @@ def test_selective_policy_saves_the_devices_attention_kernel(decisions, precisio
     forward, backward = graphs["selective"]
     assert forward, "no fused attention kernel in the compiled forward"
     assert not forward & backward, f"selective checkpointing recomputes {forward & backward} in the backward"
-    full_forward, full_backward = graphs["full"]
-    assert full_forward & full_backward, "full checkpointing should recompute attention (the check sees it)"
+    # the check sees recomputation: under full checkpointing the backward graph recomputes the MLP's activation. Not
+    # attention itself: on an H100 AOT's partitioner saved the CUDA attention kernels' outputs even under full
+    # checkpointing (they return RNG state), so there this test shows the policy's decisions and the saved kernel
+    _, full_backward = graphs["full"]
+    assert torch.ops.aten.gelu.default in full_backward, (
+        "full checkpointing should recompute the MLP (the check sees it)"
+    )
     torch._dynamo.reset()

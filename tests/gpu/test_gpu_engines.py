@@ -16,7 +16,7 @@ import torch
 from engine_real import LR, real_jobs
 from engine_toy import spawn
 from gpu_env import DEVICE, SELF_CHECK, require_cuda
-from gpu_jobs import in_fp32
+from gpu_jobs import cpu_draws, in_fp32
 
 pytestmark = pytest.mark.gpu
 
@@ -46,20 +46,33 @@ def jobs(precision: str) -> list[tuple]:
 @pytest.fixture(scope="module")
 def cpu(tmp_path_factory):
     jobs_ = [(method, method, {"kind": "ddp"}, 0) for method in METHODS]
-    return spawn(real_jobs, jobs_, world=1, tmp_path=tmp_path_factory.mktemp("cpu"), device="cpu")
+    return spawn(cpu_draws, real_jobs, jobs_, world=1, tmp_path=tmp_path_factory.mktemp("cpu"), device="cpu")
 
 
 @pytest.fixture(scope="module")
 def one_gpu(tmp_path_factory):
     pytest.importorskip("deepspeed")
-    all_jobs = jobs("fp32") + [job for precision in MIXED for job in jobs(precision)]
-    return spawn(in_fp32, real_jobs, all_jobs, world=1, tmp_path=tmp_path_factory.mktemp("gpu1"), device=DEVICE)
+    return spawn(
+        in_fp32, cpu_draws, real_jobs, jobs("fp32"), world=1, tmp_path=tmp_path_factory.mktemp("gpu1"), device=DEVICE
+    )
+
+
+@pytest.fixture(scope="module", params=MIXED)
+def mixed_gpu(request, tmp_path_factory):
+    """One precision's runs (a fixture of its own, so that bf16 and fp16 run on two xdist workers at once)."""
+    pytest.importorskip("deepspeed")
+    runs = spawn(
+        in_fp32, real_jobs, jobs(request.param), world=1, tmp_path=tmp_path_factory.mktemp("mixed"), device=DEVICE
+    )
+    return request.param, runs
 
 
 @pytest.fixture(scope="module")
 def two_gpus(tmp_path_factory):
     pytest.importorskip("deepspeed")
-    return spawn(in_fp32, real_jobs, jobs("fp32"), world=2, tmp_path=tmp_path_factory.mktemp("gpu2"), device=DEVICE)
+    return spawn(
+        in_fp32, cpu_draws, real_jobs, jobs("fp32"), world=2, tmp_path=tmp_path_factory.mktemp("gpu2"), device=DEVICE
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +83,9 @@ def compiled_gpu(tmp_path_factory):
         for method in METHODS
         for engine in COMPILED
     ]
-    return spawn(in_fp32, real_jobs, jobs_, world=1, tmp_path=tmp_path_factory.mktemp("compiled"), device=DEVICE)
+    return spawn(
+        in_fp32, cpu_draws, real_jobs, jobs_, world=1, tmp_path=tmp_path_factory.mktemp("compiled"), device=DEVICE
+    )
 
 
 def assert_close_to_cpu(run: dict, ref: dict, tol: float) -> None:
@@ -78,7 +93,8 @@ def assert_close_to_cpu(run: dict, ref: dict, tol: float) -> None:
     for part in ("student", "teacher"):
         assert run[part].keys() == ref[part].keys()
         for name, value in ref[part].items():
-            torch.testing.assert_close(run[part][name], value, atol=tol, rtol=0, msg=f"{part} {name}")
+            got = run[part][name]
+            torch.testing.assert_close(got, value, atol=tol, rtol=0, msg=lambda m, p=part, n=name: f"{p} {n}: {m}")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -96,9 +112,9 @@ def test_fp32_on_two_gpus_equals_the_cpu(two_gpus, cpu, method, engine):
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("precision", MIXED)
-def test_mixed_precision_is_finite_and_close_to_fp32(one_gpu, cpu, precision, method, engine):
-    run, ref = one_gpu[f"{precision}_{method}_{engine}"], cpu[method]
+def test_mixed_precision_is_finite_and_close_to_fp32(mixed_gpu, cpu, method, engine):
+    precision, runs = mixed_gpu
+    run, ref = runs[f"{precision}_{method}_{engine}"], cpu[method]
     assert torch.isfinite(torch.tensor(run["losses"])).all()
     assert run["losses"][0] == pytest.approx(ref["losses"][0], rel=2e-2)
     assert run["losses"] == pytest.approx(ref["losses"], rel=0.2)

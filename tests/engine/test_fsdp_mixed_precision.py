@@ -1,7 +1,10 @@
-"""FSDP2 under bf16 keeps BatchNorm in fp32, also when activation checkpointing recomputes its block in the
-backward: FSDP2 skips its own forward hooks in the recomputation, so its input cast alone left the recomputed
-BatchNorm a bf16 input where the forward had an fp32 one, and checkpointing refused the backward (seen on an H100
-with MoCo v3's ViT-BN under full AC). Here the BatchNorm inputs are recorded in both passes."""
+"""FSDP2's mixed precision, two faults first seen on an H100 (torch 2.11), checked on the CPU:
+- BatchNorm stays fp32 also when activation checkpointing recomputes its block in the backward: FSDP2 skips its own
+  forward hooks in the recomputation, so its input cast alone left the recomputed BatchNorm a bf16 input where the
+  forward had an fp32 one, and checkpointing refused the backward (MoCo v3's ViT-BN under full AC). Here the
+  BatchNorm inputs are recorded in both passes (torch 2.14 runs the hooks, so this fails on the older torch only);
+- the loss scaler (fp16) steps torch's fused AdamW, whose in-place update of its step counts by the inf flag needs
+  the flag in GradScaler's shape."""
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from scale.engine.activation import apply_activation_checkpointing
-from scale.engine.fsdp import FSDPEngine
+from scale.engine.fsdp import FSDPEngine, ShardedScaler
 from scale.engine.precision import Precision
 from scale.models.vit import ViT
 
@@ -54,3 +57,21 @@ def test_batchnorm_stays_fp32_when_its_block_is_recomputed(tmp_path):
     assert seen["forward"] == [torch.float32] * 2  # one BatchNorm per block
     assert seen["recomputed"] == [torch.float32] * 2
     assert seen["out"] == torch.bfloat16
+
+
+def scaled_fused_steps() -> list[float]:
+    param = nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.AdamW([param], lr=0.1, weight_decay=0.0, fused=True)
+    scaler = ShardedScaler("cpu")
+    for _ in range(2):
+        scaler.scale((param * param).sum()).backward()
+        scaler.unscale_(optimizer)  # as TorchEngine.step: unscale, clip, then step
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    return param.detach().tolist()
+
+
+def test_the_loss_scaler_steps_a_fused_optimizer(tmp_path):
+    weights = spawn(scaled_fused_steps, world=1, tmp_path=tmp_path)
+    assert weights == pytest.approx([0.8] * 4, abs=1e-3)  # two Adam steps of lr 0.1 down the gradient
