@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers: on 2 cores, two workers keep both busy (most tests run one single-threaded process)
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast test-gpu bench-gpu lint venv clean
+.PHONY: demo test test-fast test-gpu bench-gpu device-wheels lint venv clean
 
 venv: $(STAMP)
 
@@ -45,6 +45,11 @@ bench-gpu: $(STAMP)
 	$(BIN)/scale bench table dino8 --scale full --batch 64 --steps 5
 	$(BIN)/scale bench table esvit9 --scale full --steps 5
 	$(BIN)/scale bench table mocov3-3 --scale full --batch 32 --steps 5
+
+# the wheels the offline GPU machine lacks (omegaconf, webdataset, DeepSpeed built from its sdist, ...), a few MB in
+# .whl/ for tools/device-check there (README: "Running on a GPU node")
+device-wheels: $(STAMP)
+	PY=$(BIN)/python tools/device-wheels
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,74 @@
+"""tools/device-check --dry-run: every stage of the GPU machine's check (environment, preflight, the GPU tests'
+CPU self-check, benchmarks of an eager and a compiled setting, a profiled step) runs on the CPU with tiny shapes,
+and its summaries hold what each stage measured. The real mode differs only in its device, shapes and selection."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "device-check"
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    out = tmp_path_factory.mktemp("device-check")
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--dry-run", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return proc, out
+
+
+def test_every_stage_passes_and_the_summary_is_printed_last(checked):
+    proc, out = checked
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    summary = (out / "summary.txt").read_text()
+    assert proc.stdout.rstrip().endswith(summary.rstrip())  # the console's tail is the summary
+    for stage in ("env", "preflight", "tests", "bench", "profile"):
+        assert f"  {stage}" in summary and (out / f"{stage}.log").is_file()
+
+
+def test_the_summary_holds_each_stages_numbers(checked):
+    _, out = checked
+    stages = json.loads((out / "summary.json").read_text())["stages"]
+    assert {name: record["status"] for name, record in stages.items()} == {
+        "wheels": "skipped",
+        "env": "ok",
+        "preflight": "ok",
+        "tests": "ok",
+        "bench": "ok",
+        "profile": "ok",
+    }
+    env = stages["env"]["result"]
+    assert env["packages"]["torch"] and env["import_failures"] == {}
+    preflight = stages["preflight"]["result"]
+    assert preflight["all_reduce"] == "gloo ok" and preflight["bf16_matmul_tflops"] > 0
+    tests = stages["tests"]["result"]
+    assert tests["passed"] >= 1 and tests["failed"] == 0
+    rows = stages["bench"]["rows"]
+    assert [row["name"] for row in rows] == ["dino_tiny_eager", "mocov3_bn_tiny_compile"]
+    assert all(row["images_per_s"] > 0 and row["flops_per_step"] > 0 for row in rows)
+    assert rows[1]["compile_s"] > 0 and rows[0]["compile_s"] == 0
+    assert stages["profile"]["result"]["step_ms"] > 0
+
+
+def test_a_stage_past_the_deadline_is_skipped_not_run(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--dry-run", "--out", str(tmp_path), "--deadline", "5", "--stages", "env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    record = json.loads((tmp_path / "summary.json").read_text())["stages"]["env"]
+    assert record == {"status": "skipped", "reason": "no time left before the deadline", "seconds": 0.0}
