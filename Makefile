@@ -6,8 +6,14 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # pytest-xdist workers: on 2 cores, two workers keep both busy (most tests run one single-threaded process)
 TEST_WORKERS ?= 2
+# The oldest torch scale supports (setup.cfg takes torch>=2.11,<2.15): `make test-oldest` runs the fast tier on it in a
+# second venv, so a call that only the newest torch accepts fails in CI, not on a cluster that runs an older build.
+OLDEST_VENV := .venv-oldest
+OLDEST_BIN := $(OLDEST_VENV)/bin
+OLDEST_STAMP := $(OLDEST_VENV)/.installed
+OLDEST_TORCH := torch==2.11.0 torchvision==0.26.0
 
-.PHONY: demo test test-fast test-gpu bench-gpu device-wheels lint venv clean
+.PHONY: demo test test-fast test-oldest test-gpu bench-gpu device-wheels lint venv venv-oldest clean
 
 venv: $(STAMP)
 
@@ -19,6 +25,17 @@ $(STAMP): setup.cfg pyproject.toml
 	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -e '.[test,deepspeed,dali]'
 	touch $(STAMP)
 
+venv-oldest: $(OLDEST_STAMP)
+
+# The same extras as .venv but dali: DALI does not depend on the torch release, and its tests skip cleanly without it
+# (the full suite on .venv runs them); leaving it out saves ~1 GB and ~25 s. torch and torchvision are pinned on the
+# same pip command as scale so that the resolver never replaces them with the newest release.
+$(OLDEST_STAMP): setup.cfg pyproject.toml
+	test -d $(OLDEST_VENV) || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_BIN)/pip install --quiet --upgrade pip
+	DS_BUILD_OPS=0 $(OLDEST_BIN)/pip install --quiet $(OLDEST_TORCH) -e '.[test,deepspeed]'
+	touch $(OLDEST_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/scale demo
 
@@ -29,6 +46,10 @@ test: $(STAMP)
 # the unit tier for inner loops: everything but the tests marked slow (multi-process, end-to-end, Slurm, demo)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+
+# the fast tier on the oldest supported torch: what CI runs after `make test`
+test-oldest: $(OLDEST_STAMP)
+	$(OLDEST_BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 # The GPU targets stop at once, in one line, where torch sees no GPU.
 CUDA_CHECK = $(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: make $@ needs a GPU that torch can use')"
@@ -56,4 +77,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) runs .pytest_cache

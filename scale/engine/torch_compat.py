@@ -1,7 +1,10 @@
 """The calls whose form depends on the torch release (scale supports torch 2.11 to 2.14), each chosen by looking
 at what the installed torch offers, never by its version string. Everything else in scale calls torch directly.
 
-- DistributedDataParallel: torch 2.14 renamed `broadcast_buffers` to `forward_sync_buffers`.
+- DistributedDataParallel: torch 2.14 renamed `broadcast_buffers` to `forward_sync_buffers` (it still takes the old
+  name, deprecated, with a warning: the new name is looked for first). The two differ at init too (2.14's
+  `forward_sync_buffers=False` still broadcasts buffers there), which matters not to scale: it passes
+  `init_sync=False`, and that skips the whole init sync on both.
 - torch.compile: torch 2.14 takes `recompile_limit` per call; before, only the process-wide
   `torch._dynamo.config.recompile_limit` exists.
 """
@@ -20,11 +23,8 @@ def accepts(fn, keyword: str) -> bool:
 
 def ddp(module, *, sync_buffers: bool, **kwargs) -> DistributedDataParallel:
     """DistributedDataParallel(module, ...) with the forward buffer broadcast set by whichever keyword this torch has."""
-    key = (
-        "forward_sync_buffers"
-        if accepts(DistributedDataParallel.__init__, "forward_sync_buffers")
-        else "broadcast_buffers"
-    )
+    new = accepts(DistributedDataParallel.__init__, "forward_sync_buffers")
+    key = "forward_sync_buffers" if new else "broadcast_buffers"
     return DistributedDataParallel(module, **{key: sync_buffers}, **kwargs)
 
 
