@@ -47,9 +47,9 @@ def to_dtype(dtype: torch.dtype, module: nn.Module, args: tuple, output: torch.T
 
 def fp32_inside(module: nn.Module, compute_dtype: torch.dtype) -> None:
     """Inputs cast to fp32 before the module and its output back to the compute dtype, by plain module hooks.
-    Not FSDP2's cast_forward_inputs/output_dtype: FSDP2 skips its forward hooks when activation checkpointing
-    recomputes a block in the backward, so a BatchNorm inside a checkpointed block (ViT-BN, ResNet) saw fp32
-    inputs in the forward and bf16 ones in the recomputation, which checkpointing refuses (seen on an H100)."""
+    Not FSDP2's cast_forward_inputs/output_dtype: with those, a BatchNorm inside a checkpointed block (ViT-BN)
+    saw fp32 inputs in the forward and bf16 ones in the recomputation on an H100 (torch 2.11), which checkpointing
+    refuses; plain module hooks run in both passes."""
     module.register_forward_pre_hook(to_fp32)
     module.register_forward_hook(partial(to_dtype, compute_dtype))
 

@@ -1,8 +1,9 @@
 """FSDP2's mixed precision, two faults first seen on an H100 (torch 2.11), checked on the CPU:
-- BatchNorm stays fp32 also when activation checkpointing recomputes its block in the backward: FSDP2 skips its own
-  forward hooks in the recomputation, so its input cast alone left the recomputed BatchNorm a bf16 input where the
-  forward had an fp32 one, and checkpointing refused the backward (MoCo v3's ViT-BN under full AC). Here the
-  BatchNorm inputs are recorded in both passes (torch 2.14 runs the hooks, so this fails on the older torch only);
+- BatchNorm stays fp32 also when activation checkpointing recomputes its block in the backward. On an H100 a
+  recomputed BatchNorm under FSDP2's own input cast saw bf16 where the forward had seen fp32, and checkpointing
+  refused the backward (MoCo v3's ViT-BN under full AC); on the CPU FSDP2's cast reaches both passes, so the fault
+  itself does not show here. scale casts with hooks of its own, and this test records the BatchNorm inputs of both
+  passes (it fails without those hooks);
 - the loss scaler (fp16) steps torch's fused AdamW, whose in-place update of its step counts by the inf flag needs
   the flag in GradScaler's shape."""
 
