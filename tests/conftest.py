@@ -56,6 +56,11 @@ LONGEST_FIRST = (
     "tests/engine/test_compile.py",
     "tests/bench/test_bench_measure.py",
     "tests/eval/test_dino_beats_random_init.py",
+    # on a GPU (tools/device-check: 6 workers), the units that took longest on the H100
+    "tests/gpu/test_gpu_checkpoint.py::test_checkpoint_moves_between_gpu_and_cpu_bit_exact",
+    "tests/gpu/test_gpu_engines.py::test_mixed_precision_is_finite_and_close_to_fp32[bf16",
+    "tests/gpu/test_gpu_engines.py::test_mixed_precision_is_finite_and_close_to_fp32[fp16",
+    "tests/gpu/test_gpu_engines.py::test_fp32_on_one_gpu_equals_the_cpu",
 )
 
 
