@@ -195,6 +195,80 @@ def test_esvit_region_loss_from_epoch():
     assert "region_loss" in metrics
 
 
+def test_esvit_region_from_epoch_two_phases_and_resume():
+    """method.dino.region_from_epoch = N: the released continued_from0200_dense runs (L_V, then L_R added at epoch
+    N). Before N the loss is the view loss alone, the region head gets no gradient (student and teacher keep their
+    common init, as the official continuation builds a fresh head_dense) and the region center stays zero; from N
+    the loss is (1 - w) L_V + w L_R. A run resumed at N from a view-only checkpoint (no region center, as the
+    official one) and a run resumed after N (the region center saved) compute what the run that went on computes."""
+    cfg = recipe("esvit", method__dino__region_from_epoch=2)
+    batch, per_epoch = make_batch(), 2
+
+    def ctx(step):
+        return StepContext(step, step // per_epoch, per_epoch, 6 * per_epoch)
+
+    method = build(cfg)
+    optimizer = torch.optim.AdamW([p for p in method.student.parameters() if p.requires_grad], lr=1e-3)
+
+    def step(i):
+        loss, metrics = method.loss(batch, ctx(i))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        region_grads = [
+            p.grad for n, p in method.student.named_parameters() if n.startswith("region_head.") and p.requires_grad
+        ]
+        optimizer.step()
+        with torch.no_grad():
+            student = dict(method.student.named_parameters())
+            for name, t in method.teacher.named_parameters():
+                t.lerp_(student[name], 1 - method.ema_momentum(ctx(i)))
+        return loss, metrics, region_grads
+
+    def region_head(net):
+        return {n: p.detach().clone() for n, p in net.named_parameters() if n.startswith("region_head.")}
+
+    def snapshot(with_region_center=True):
+        state = {k: v.clone() for k, v in method.state_dict().items()}
+        if not with_region_center:
+            del state["region_center"]
+        return [{k: v.clone() for k, v in net.state_dict().items()} for net in (method.student, method.teacher)], state
+
+    def resumed(snap):
+        other = build(cfg)
+        for net, weights in zip((other.student, other.teacher), snap[0]):
+            net.load_state_dict(weights)
+        other.load_state_dict(snap[1])
+        return other
+
+    init = region_head(method.student)
+    assert init and all(torch.equal(init[n], p) for n, p in region_head(method.teacher).items())
+    for i in range(2 * per_epoch):  # epochs 0 and 1: L_V only
+        loss, metrics, region_grads = step(i)
+        assert "region_loss" not in metrics and loss.item() == pytest.approx(metrics["view_loss"])
+        assert all(g is None for g in region_grads)
+    for net in (method.student, method.teacher):
+        assert all(torch.equal(init[n], p) for n, p in region_head(net).items())
+    assert not method.region_center.any()
+
+    view_only = resumed(snapshot(with_region_center=False))  # the official continuation's starting point
+    assert not view_only.region_center.any()
+    first = 2 * per_epoch  # epoch N
+    expected, _ = view_only.loss(batch, ctx(first))
+    loss, metrics, region_grads = step(first)
+    assert "region_loss" in metrics and all(g is not None for g in region_grads)
+    w = cfg.method.dino.region_weight
+    assert loss.item() == pytest.approx(((1 - w) * metrics["view_loss"] + w * metrics["region_loss"]).item(), rel=1e-5)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert method.region_center.any() and torch.equal(view_only.region_center, method.region_center)
+
+    later = resumed(snapshot())  # a checkpoint after N keeps the region center
+    assert torch.equal(later.region_center, method.region_center)
+    expected, expected_metrics = later.loss(batch, ctx(first + 1))
+    loss, metrics, _ = step(first + 1)
+    assert metrics["region_loss"].item() == pytest.approx(expected_metrics["region_loss"].item(), rel=1e-6)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
 @pytest.mark.parametrize("variant", ["mocov3", "simclr", "byol", "swav"])
 def test_two_view_frameworks_train(variant):
     method = build(recipe("mocov3", method__moco__variant=variant))
