@@ -2,6 +2,8 @@
 CPU self-check, benchmarks of an eager and a compiled setting, a profiled step) runs on the CPU with tiny shapes,
 and its summaries hold what each stage measured. The real mode differs only in its device, shapes and selection."""
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,9 +12,37 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "device-check"
+JUNIT = """<testsuites><testsuite>
+<testcase classname="tests.gpu.m" name="test_a[fp16-x]"><error message="failed on setup with spawn">
+E   torch.multiprocessing.spawn.ProcessRaisedException:
+E     File "x.py", line 1
+E   RuntimeError: output with shape [] doesn't match</error></testcase>
+<testcase classname="tests.gpu.m" name="test_a[fp16-y]"><error message="failed on setup">
+E   RuntimeError: output with shape [] doesn't match</error></testcase>
+<testcase classname="tests.gpu.m" name="test_b"><failure message="AssertionError: w">E   AssertionError: w</failure></testcase>
+<testcase classname="tests.gpu.m" name="test_c"><skipped message="tests/gpu/c.py:3: needs 2 CUDA devices"/></testcase>
+<testcase classname="tests.gpu.m" name="test_d"/>
+</testsuite></testsuites>"""
+
+
+def load_tool():
+    loader = importlib.machinery.SourceFileLoader("device_check", str(TOOL))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("device_check", loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_failures_are_grouped_by_their_cause(tmp_path):
+    tool = load_tool()
+    (tmp_path / "t.xml").write_text(JUNIT)
+    result = tool.junit_counts(tmp_path / "t.xml")
+    assert (result["passed"], result["failed"], result["skipped"]) == (1, 3, 1)
+    assert result["skip_reasons"] == {"needs 2 CUDA devices": 1}
+    lines = tool.test_lines(result)
+    assert lines[1] == "  FAILED 2: RuntimeError: output with shape [] doesn't match"  # the rank's error, not spawn's
+    assert lines[2:4] == ["    tests.gpu.m::test_a[fp16-x]", "    tests.gpu.m::test_a[fp16-y]"]
+    assert lines[4] == "  FAILED 1: AssertionError: w"
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +59,7 @@ def checked(tmp_path_factory):
     return proc, out
 
 
+@pytest.mark.slow
 def test_every_stage_passes_and_the_summary_is_printed_last(checked):
     proc, out = checked
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -38,6 +69,7 @@ def test_every_stage_passes_and_the_summary_is_printed_last(checked):
         assert f"  {stage}" in summary and (out / f"{stage}.log").is_file()
 
 
+@pytest.mark.slow
 def test_the_summary_holds_each_stages_numbers(checked):
     _, out = checked
     stages = json.loads((out / "summary.json").read_text())["stages"]
@@ -62,6 +94,7 @@ def test_the_summary_holds_each_stages_numbers(checked):
     assert stages["profile"]["result"]["step_ms"] > 0
 
 
+@pytest.mark.slow
 def test_a_stage_past_the_deadline_is_skipped_not_run(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(TOOL), "--dry-run", "--out", str(tmp_path), "--deadline", "5", "--stages", "env"],
