@@ -32,6 +32,16 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
     return args
 
 
+def command_parsers(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The words of every command and (sub-)sub-command, e.g. ("ckpt",), ("ckpt", "info"), ...; () is scale."""
+    found = [words]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += command_parsers(child, (*words, name))
+    return found
+
+
 def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
     """The parser of the (sub-)sub-command that argv names."""
     for word in argv:
