@@ -22,7 +22,7 @@ from scale.methods import has_class_head
 from scale.preemption import Preemption
 from scale.progress import progress_bar
 from scale.resume import check_resumable
-from scale.rundir import MetricsWriter, RunDir, setup_logging
+from scale.rundir import MetricsWriter, RunDir, epochs_done, setup_logging
 from scale.step import NonFiniteStep, TrainStep, read_record
 
 log = logging.getLogger(__name__)
@@ -197,4 +197,5 @@ class Trainer:
 
     def _log(self, step: int, record: dict) -> None:
         record.update(self.loader.metrics())
+        record["epoch"] = epochs_done(step + 1, self.steps_per_epoch)  # as the checkpoint at this step records it
         self.metrics.write(step + 1, record)
