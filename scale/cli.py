@@ -14,6 +14,12 @@ from scale.errors import ConfigError, UserError
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scale", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show libraries' warnings that scale keeps off the console (see scale/verbosity.py)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(scale.commands.__path__), key=lambda m: m.name):
         importlib.import_module(f"scale.commands.{info.name}").register(sub)
@@ -32,6 +38,16 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
     return args
 
 
+def command_parsers(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The words of every command and (sub-)sub-command, e.g. ("ckpt",), ("ckpt", "info"), ...; () is scale."""
+    found = [words]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += command_parsers(child, (*words, name))
+    return found
+
+
 def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
     """The parser of the (sub-)sub-command that argv names."""
     for word in argv:
@@ -47,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable(file=sys.__stderr__, all_threads=True)
     parser = build_parser()
     args = parse_args(parser, sys.argv[1:] if argv is None else argv)
+    from scale.verbosity import set_verbose
+
+    set_verbose(args.verbose)
     try:
         return args.func(args) or 0
     except UserError as err:

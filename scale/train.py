@@ -22,35 +22,40 @@ from scale.methods import has_class_head
 from scale.preemption import Preemption
 from scale.progress import progress_bar
 from scale.resume import check_resumable
-from scale.rundir import MetricsWriter, RunDir, setup_logging
+from scale.rundir import MetricsWriter, RunDir, epochs_done, setup_logging
 from scale.step import NonFiniteStep, TrainStep, read_record
 
 log = logging.getLogger(__name__)
 
 
-def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: int = 0) -> int:
+def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: int = 0, synthetic: bool = False) -> int:
+    """`synthetic`: random batches of the recipe's crop layout instead of its shards (scale.bench.synthetic, as
+    `scale bench --synthetic-data`), no validation: a smoke run of the engine, the collectives, checkpointing and
+    resume on a new cluster before any data is there."""
     cfg = load_recipe(recipe, overrides)  # validate before spawning anything
     run = RunDir(run_dir or Path("runs") / cfg.meta.name)
     spawning = nproc > 1 and not already_launched()
-    check_launch(cfg, nproc if spawning else detect().world_size)
+    check_launch(cfg, nproc if spawning else detect().world_size, data=not synthetic)
     run.check_writable()
     check_resumable(run, cfg)
     if cfg.train.init_weights and not CheckpointStore(run.checkpoints).candidates():  # a fresh run loads them
         check_init_weights(cfg.model, cfg.train.init_weights)
-    if validates(cfg):
+    if validates(cfg, synthetic):
         check_val_data(cfg)
     if spawning:
-        return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root)])
+        flags = ["--synthetic-data"] if synthetic else []
+        return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root), *flags])
     info, device = init_distributed()
     try:
-        return Trainer(cfg, run, parallel_context(info, device, cfg.engine.shard_size), device).fit()
+        return Trainer(cfg, run, parallel_context(info, device, cfg.engine.shard_size), device, synthetic).fit()
     finally:
         shutdown()
 
 
-def validates(cfg: DictConfig) -> bool:
-    """Whether the run reports validation accuracy (a method with a class head, train.val_every_epochs > 0)."""
-    return has_class_head(cfg) and cfg.train.val_every_epochs > 0
+def validates(cfg: DictConfig, synthetic: bool = False) -> bool:
+    """Whether the run reports validation accuracy (a method with a class head, train.val_every_epochs > 0, real
+    data)."""
+    return has_class_head(cfg) and cfg.train.val_every_epochs > 0 and not synthetic
 
 
 def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> None:
@@ -78,20 +83,30 @@ def train_loader(cfg: DictConfig, info: ParallelContext, device: torch.device):
     )
 
 
+def synthetic_loader(cfg: DictConfig, info: ParallelContext):
+    """This rank's random batches in the recipe's crop layout (`scale train --synthetic-data`)."""
+    from scale.bench.synthetic import SyntheticLoader
+
+    log.info("synthetic data: random batches of the recipe's crop layout, no shards read, no validation")
+    return SyntheticLoader(cfg, info.dp_rank, info.dp_size)
+
+
 class Trainer:
-    def __init__(self, cfg: DictConfig, run: RunDir, info: DistInfo, device: torch.device):
-        """`info`: the run's ParallelContext (or a DistInfo, from which one is built for engine.shard_size)."""
+    def __init__(self, cfg: DictConfig, run: RunDir, info: DistInfo, device: torch.device, synthetic: bool = False):
+        """`info`: the run's ParallelContext (or a DistInfo, from which one is built for engine.shard_size).
+        `synthetic`: random batches instead of the recipe's shards (scale.bench.synthetic)."""
         info = as_parallel(info, device, cfg.engine.shard_size)
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
-        self.validation = Validation(cfg, info, device, run.root / "eval" / "val.json") if validates(cfg) else None
+        validation = validates(cfg, synthetic)
+        self.validation = Validation(cfg, info, device, run.root / "eval" / "val.json") if validation else None
         fresh = not CheckpointStore(run.checkpoints).candidates()
         self.step = TrainStep(
             cfg,
             info,
             device,
-            lambda: train_loader(cfg, info, device),
+            (lambda: synthetic_loader(cfg, info)) if synthetic else (lambda: train_loader(cfg, info, device)),
             init_weights=cfg.train.init_weights if fresh else "",
         )
         self.engine, self.method, self.loader = self.step.engine, self.step.method, self.step.loader
@@ -197,4 +212,5 @@ class Trainer:
 
     def _log(self, step: int, record: dict) -> None:
         record.update(self.loader.metrics())
+        record["epoch"] = epochs_done(step + 1, self.steps_per_epoch)  # as the checkpoint at this step records it
         self.metrics.write(step + 1, record)

@@ -15,13 +15,12 @@ import json
 import os
 import statistics
 
-from scale.bench.matrix import load_setting
-
 MODES = ("none", "selective", "full", "every2")
 
 
 def measure(recipe: str, overrides: list[str], modes, batches, rounds: int, steps: int, warmup: int) -> dict:
     """{(mode, batch): [bench_config results, one per round]}."""
+    from scale.bench.matrix import load_setting  # torch: not when `scale bench ac --help` builds the parser
     from scale.bench.run import bench_config
     from scale.engine.dist import init_distributed
 
@@ -78,10 +77,6 @@ def format_rows(rows: list[dict], batches) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from scale.config import load_recipe
-    from scale.engine.dist import shutdown
-    from scale.errors import UserError
-
     parser = argparse.ArgumentParser(prog="scale bench ac", description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
@@ -96,6 +91,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_intermixed_args(argv)
+    from scale.config import load_recipe  # after parsing: `--help` and usage errors import no torch
+    from scale.engine.dist import shutdown
+    from scale.errors import UserError
+
     load_recipe(args.recipe, args.overrides)
     modes = [m for m in args.modes.split(",") if m]
     batches = sorted({int(b) for b in args.batches.split(",") if b})

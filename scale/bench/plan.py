@@ -267,9 +267,13 @@ def plan(
     bandwidth: float,
     gpus_per_node: int | None = None,
     inter_bandwidth: float | None = None,
+    recipe: tuple[str, int] | None = None,
 ) -> tuple[list[Prediction], Prediction | None]:
     """Predictions of every engine at the full micro-batch without checkpointing, and the fastest predicted
-    setting (engine, checkpointing, micro-batch, accumulation) whose memory fits in HEADROOM x gpu_mem."""
+    setting (engine, checkpointing, micro-batch, accumulation) whose memory fits in HEADROOM x gpu_mem.
+    `recipe`: (setting, shard size) the recipe runs with on this layout (scale.engine.kinds.recipe_setting, the
+    rule `scale submit` applies): the proposal is then the fastest fitting setting of that engine, so that the
+    planner proposes what `scale submit` runs; only when none of them fits does it propose another engine."""
     gpus_per_node = gpus_per_node or world
     engines = engines_for(world, gpus_per_node)
 
@@ -282,6 +286,10 @@ def plan(
     table = [run(Setting(e, micro_batch=per_gpu_batch, shard_size=hsdp if e == "hsdp" else 0)) for e in engines]
     settings = candidates(per_gpu_batch, engines, hsdp)
     fitting = [p for p in map(run, settings) if p.memory["total"] <= HEADROOM * gpu_mem]
+    if recipe is not None:
+        name, size = recipe
+        own = candidates(per_gpu_batch, (name,), size)
+        fitting = [p for p in map(run, own) if p.memory["total"] <= HEADROOM * gpu_mem] or fitting
     best = min(fitting, key=lambda p: (round(p.step_s, 6), ENGINES.index(p.setting.engine)), default=None)
     return table, best
 

@@ -46,3 +46,16 @@ class SyntheticLoader:
 
     def metrics(self) -> dict:
         return {}
+
+    # what the checkpointer reads and restores (`scale train --synthetic-data` checkpoints and resumes like a run)
+    def state_dict(self) -> dict:
+        return {"position": None, "synthetic": True}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def counters(self) -> dict:
+        return {}
+
+    def load_counters(self, state: dict) -> None:
+        pass

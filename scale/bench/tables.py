@@ -12,7 +12,6 @@ recipes shrunk (scale.recipes.smoke: a nano model of the family, 32/16 px crops)
 batches kept, which checks the machinery on a CPU in seconds, not the papers' ratios.
 """
 
-import argparse
 import json
 
 from omegaconf import OmegaConf
@@ -232,30 +231,16 @@ def mocov3_3(args, measure) -> tuple[list[dict], str]:
 TABLES = {"dino8": dino8, "esvit9": esvit9, "mocov3-3": mocov3_3}
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scale bench table", description="the papers' cost tables, measured here")
-    parser.add_argument("table", choices=sorted(TABLES))
-    parser.add_argument("overrides", nargs="*", help="section.key=value, applied to every row's recipe")
-    parser.add_argument("--scale", default="tiny", choices=("tiny", "full"))
-    parser.add_argument(
-        "--batch",
-        type=int,
-        help="global batch of every row (default: the recipe's at full scale; at tiny scale kept when <= 16, else 4)",
-    )
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument(
-        "--rows", nargs="+", help="esvit9: only rows whose name ends with one of these, e.g. 'Swin-T bs8'"
-    )
-    parser.add_argument("--devices", type=int, help="mocov3-3: devices to extrapolate to (default: the paper's)")
-    parser.add_argument("--json", help="also write the rows to this JSON file")
-    return parser
-
-
 def main(argv: list[str]) -> int:
+    from scale.commands.bench import table_parser
+
+    return run(table_parser().parse_intermixed_args(argv))
+
+
+def run(args) -> int:
+    """`scale bench table` with its parsed arguments (scale.commands.bench.table_parser)."""
     from scale.engine.dist import shutdown
 
-    args = _parser().parse_intermixed_args(argv)
     try:
         rows, text = TABLES[args.table](args, Measure(args))
     finally:

@@ -27,6 +27,7 @@ from scale.checkpoint.store import CheckpointStore, step_name
 from scale.engine.dist import DistInfo
 from scale.errors import UserError
 from scale.faults import maybe_inject
+from scale.rundir import epochs_done
 
 log = logging.getLogger(__name__)
 MONITORS_FILE = "monitors.pt"
@@ -69,7 +70,7 @@ class Checkpointer:
             self.store.prepare(step)
         self._barrier()
         meta = {
-            "epoch": step // max(self.loader.steps_per_epoch, 1),
+            "epoch": epochs_done(step, self.loader.steps_per_epoch),  # as metrics.jsonl records it (scale status)
             "engine": self.cfg.engine.kind,
             "world_size": self.info.world_size,
             "recipe": self.cfg.meta.name,

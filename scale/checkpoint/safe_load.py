@@ -57,6 +57,9 @@ METADATA_GLOBALS = {
 
 def _deepspeed_globals() -> list:
     """The types DeepSpeed pickles into its checkpoint files besides tensors and containers."""
+    from scale.engine.deepspeed import choose_accelerator
+
+    choose_accelerator()  # before DeepSpeed's first import: no accelerator warning in `scale ckpt info`
     try:
         from deepspeed.runtime.fp16.loss_scaler import LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum

@@ -27,11 +27,14 @@ def _data_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Every benchmark parses its arguments before importing its module: `--help` and usage errors import no torch.
+
+
 def bench_data(argv: list[str]) -> int:
+    args = _data_parser().parse_intermixed_args(argv)
     from scale.config import load_recipe
     from scale.data.bench import bench_dali, bench_views, dali_available
 
-    args = _data_parser().parse_intermixed_args(argv)
     cfg = load_recipe(args.recipe, args.overrides)
     result = bench_views(cfg.data.views, args.shards or cfg.data.train, workers=args.workers, images=args.images)
     print(f"{result['images']} images, {result['workers']} worker(s)")
@@ -96,11 +99,11 @@ def without_nproc(argv: list[str]) -> list[str]:
 
 
 def bench_train(argv: list[str]) -> int:
+    args = _train_parser().parse_intermixed_args(argv)
     from scale.bench.matrix import format_table, run_matrix, split_axes
     from scale.config import load_recipe
     from scale.launch.local import already_launched, spawn
 
-    args = _train_parser().parse_intermixed_args(argv)
     args.overrides, axes = split_axes(args.overrides)
     args.matrix += axes
     load_recipe(args.recipe, args.overrides)  # validate before spawning anything
@@ -128,10 +131,34 @@ def bench_train(argv: list[str]) -> int:
     return 0
 
 
-def bench_table(argv: list[str]) -> int:
-    from scale.bench.tables import main
+TABLE_NAMES = ("dino8", "esvit9", "mocov3-3")  # scale.bench.tables.TABLES
 
-    return main(argv)
+
+def table_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scale bench table", description="the papers' cost tables, measured here")
+    parser.add_argument("table", choices=sorted(TABLE_NAMES))
+    parser.add_argument("overrides", nargs="*", help="section.key=value, applied to every row's recipe")
+    parser.add_argument("--scale", default="tiny", choices=("tiny", "full"))
+    parser.add_argument(
+        "--batch",
+        type=int,
+        help="global batch of every row (default: the recipe's at full scale; at tiny scale kept when <= 16, else 4)",
+    )
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument(
+        "--rows", nargs="+", help="esvit9: only rows whose name ends with one of these, e.g. 'Swin-T bs8'"
+    )
+    parser.add_argument("--devices", type=int, help="mocov3-3: devices to extrapolate to (default: the paper's)")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    return parser
+
+
+def bench_table(argv: list[str]) -> int:
+    args = table_parser().parse_intermixed_args(argv)
+    from scale.bench.tables import run
+
+    return run(args)
 
 
 def bench_ac(argv: list[str]) -> int:
@@ -141,8 +168,6 @@ def bench_ac(argv: list[str]) -> int:
 
 
 def bench_ckpt(argv: list[str]) -> int:
-    from scale.bench.checkpoint import measure, table
-
     parser = argparse.ArgumentParser(
         prog="scale bench ckpt", description="checkpoint size, save time and training stall: sync vs async"
     )
@@ -152,6 +177,8 @@ def bench_ckpt(argv: list[str]) -> int:
     parser.add_argument("--every", type=int, default=3, help="checkpoint every this many steps")
     parser.add_argument("--nproc", type=int, default=2, help="local processes (CPU: gloo)")
     args = parser.parse_intermixed_args(argv)
+    from scale.bench.checkpoint import measure, table
+
     print(table(measure(args.recipe, args.overrides, args.steps, args.every, args.nproc)))
     return 0
 

@@ -2,8 +2,6 @@
 
 import json
 
-from scale.checkpoint.export import export, info
-
 
 def register(sub) -> None:
     parser = sub.add_parser("ckpt", help="inspect and export checkpoints")
@@ -25,6 +23,8 @@ def register(sub) -> None:
 
 
 def cmd_info(args) -> int:
+    from scale.checkpoint.export import info  # torch: only when the command runs
+
     result = info(args.path)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -36,5 +36,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from scale.checkpoint.export import export
+
     print(export(args.path, args.what, args.format, args.out))
     return 0

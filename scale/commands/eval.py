@@ -1,10 +1,23 @@
 """scale eval knn|linear|logreg|correspondence|finetune|video-segmentation|retrieval|copy-detection RECIPE [overrides]
 (--weights FILE | --random-init)"""
 
+from __future__ import annotations
+
 import argparse
 
-from rich.console import Console
-from rich.table import Table
+
+# rich is imported when a table is printed, not when the parser is built (`scale --help` stays light)
+def Table(*columns, **options):  # noqa: N802  (stands for rich.table.Table)
+    from rich.table import Table
+
+    return Table(*columns, **options)
+
+
+def Console(**options):  # noqa: N802  (stands for rich.console.Console)
+    from rich.console import Console
+
+    return Console(**options)
+
 
 HELP = {
     "knn": "weighted k-NN of data.val against data.train (DINO protocol)",

@@ -2,9 +2,6 @@
 
 import json
 
-from rich.console import Console
-from rich.table import Table
-
 # (row key, title, format)
 COLUMNS = [
     ("model", "model", "{}"),
@@ -36,6 +33,9 @@ def register(sub) -> None:
 
 
 def cmd_table(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
     from scale.models.table import table  # imports torch and timm: only when this command runs
 
     specs = [s for s in args.models.split(",") if s.strip()] if args.models else None

@@ -3,12 +3,6 @@
 import json
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
-from scale.errors import UserError
-from scale.launch.status import run_status, summary_row, sweep_tasks
-
 
 def register(sub) -> None:
     parser = sub.add_parser("status", help="progress, throughput, ETA, last checkpoint and Slurm state of a run")
@@ -18,6 +12,12 @@ def register(sub) -> None:
 
 
 def cmd_status(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from scale.errors import UserError
+    from scale.launch.status import run_status, summary_row, sweep_tasks
+
     if not Path(args.run_dir).is_dir():
         raise UserError(f"run directory not found: {args.run_dir}")
     runs = sweep_tasks(args.run_dir) or [Path(args.run_dir)]

@@ -2,8 +2,6 @@
 
 from pathlib import Path
 
-from scale.launch import slurm
-
 
 def register(sub) -> None:
     parser = sub.add_parser("submit", help="render an sbatch script into the run directory and submit it to Slurm")
@@ -28,12 +26,14 @@ def register(sub) -> None:
     parser.add_argument("--job-name", help="default: the recipe name")
     parser.add_argument("--run-dir", help="run directory (default runs/<recipe>); a sweep puts task_NNN/ inside")
     parser.add_argument("--sweep", help="YAML list of override sets: one job array task and run directory each")
-    parser.add_argument("--template", type=Path, default=slurm.TEMPLATE, help="sbatch template (Jinja2)")
+    parser.add_argument("--template", type=Path, help="sbatch template (Jinja2; default: slurm/train.sbatch.j2)")
     parser.add_argument("--dry-run", action="store_true", help="render the script and print it; do not submit")
     parser.set_defaults(func=cmd_submit)
 
 
 def cmd_submit(args) -> int:
+    from scale.launch import slurm  # omegaconf, jinja2 and the recipe loader: only when the command runs
+
     options = slurm.SlurmOptions(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
@@ -49,7 +49,7 @@ def cmd_submit(args) -> int:
         job_name=args.job_name,
     )
     job = slurm.plan(args.recipe, args.overrides, args.run_dir, options, sweep=args.sweep)
-    script = slurm.write(job, args.template)
+    script = slurm.write(job, args.template or slurm.TEMPLATE)
     if args.dry_run:
         print(script.read_text(), end="")
         print(f"# rendered {script} (not submitted)")

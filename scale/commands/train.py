@@ -1,4 +1,4 @@
-"""scale train RECIPE [overrides] [--run-dir DIR] [--nproc N]"""
+"""scale train RECIPE [overrides] [--run-dir DIR] [--nproc N] [--synthetic-data]"""
 
 
 def register(sub) -> None:
@@ -12,6 +12,12 @@ def register(sub) -> None:
         default=0,
         help="spawn this many local processes (CPU: gloo); leave unset under torchrun or srun",
     )
+    parser.add_argument(
+        "--synthetic-data",
+        action="store_true",
+        help="random batches of the recipe's crop layout instead of its shards, no validation: a smoke run of a "
+        "new cluster (engine, collectives, checkpoints) before the data is there",
+    )
     parser.set_defaults(func=cmd_train)
 
 
@@ -19,4 +25,6 @@ def cmd_train(args) -> int:
     from scale.preemption import launcher_status
     from scale.train import main
 
-    return launcher_status(main(args.recipe, args.overrides, run_dir=args.run_dir, nproc=args.nproc))
+    return launcher_status(
+        main(args.recipe, args.overrides, run_dir=args.run_dir, nproc=args.nproc, synthetic=args.synthetic_data)
+    )

@@ -13,7 +13,8 @@ HELP = {
 def register(sub) -> None:
     parser = sub.add_parser("viz", help="pictures: attention maps (DINO Fig. 1/3/4), matched regions (EsViT Fig. 8)")
     vsub = parser.add_subparsers(dest="viz_command", required=True, metavar="VIZ")
-    child = vsub.add_parser("attention", help=HELP["attention"], description=HELP["attention"])
+    # help strings are %-formatted by argparse (`scale viz --help` crashed on "60%-mass"); descriptions are not
+    child = vsub.add_parser("attention", help=HELP["attention"].replace("%", "%%"), description=HELP["attention"])
     _backbones(child)
     child.add_argument("--image", action="append", default=[], metavar="FILE", help="an image to draw; repeatable")
     child.add_argument("--voc", metavar="ROOT", help="VOC2012 root: Jaccard of the masks on its segmentation split")

@@ -108,16 +108,16 @@ def check_recipe(cfg: DictConfig, schema: type, origins: Origins) -> None:
         raise ConfigError(f"{origins.of(dotted)}: {dotted}={_show(_get(cfg, dotted))}: {failure}")
 
 
-def check_launch(cfg: DictConfig, world_size: int) -> None:
+def check_launch(cfg: DictConfig, world_size: int, data: bool = True) -> None:
     """Rules that need the launch: the global batch splits evenly over ranks and accumulation steps, the training
-    data is there."""
+    data is there (unless `data` is False: `scale train --synthetic-data`)."""
     per_step = world_size * cfg.engine.grad_accum
     if cfg.train.global_batch % per_step:
         raise ConfigError(
             f"train.global_batch={cfg.train.global_batch} is not divisible by {world_size} ranks x "
             f"engine.grad_accum={cfg.engine.grad_accum} = {per_step}"
         )
-    if not Path(cfg.data.train).is_dir():
+    if data and not Path(cfg.data.train).is_dir():
         raise ConfigError(f"data.train={cfg.data.train}: no such directory (set SCALE_DATA or data.train)")
 
 

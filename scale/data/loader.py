@@ -33,6 +33,8 @@ the shard and key. A missing manifest or shard fails at construction.
 """
 
 import json
+import logging
+import os
 import random
 from bisect import bisect_right
 from collections import Counter
@@ -47,6 +49,8 @@ from scale.data.batch import Batch
 from scale.data.shards import read_index, read_manifest
 from scale.data.views import build_views, normalize
 from scale.errors import UserError
+
+log = logging.getLogger(__name__)
 
 MODES = ("epochs", "resampled")
 
@@ -282,6 +286,32 @@ def hash_seed(*parts) -> int:
 # ---------------------------------------------------------------------------------------------------- the loader
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a Slurm allocation or taskset), as torch's DataLoader
+    counts them when it checks the worker count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS)
+        return os.cpu_count() or 1
+
+
+_said_workers: set = set()
+
+
+def worker_count(wanted: int, what: str) -> int:
+    """data.workers capped by the CPUs available to this rank. More workers than CPUs only time-slice them, and
+    torch warns ("This DataLoader will create N worker processes ... suggested max ...") on every iterator, i.e.
+    every epoch of every rank; the cap is logged once per process instead. The batches do not depend on the number
+    of workers (see Workers above)."""
+    cpus = available_cpus()
+    if wanted <= cpus:
+        return wanted
+    if (wanted, cpus) not in _said_workers:
+        _said_workers.add((wanted, cpus))
+        log.info("data.workers=%d but %d CPU(s) available to this process (%s): using %d", wanted, cpus, what, cpus)
+    return cpus
+
+
 class Loader:
     reads_ahead = False  # scale.data.prefetch copies its batches to a GPU ahead of the step
 
@@ -329,6 +359,7 @@ class Loader:
         self.epoch_errors = 0
         self.samples_seen = 0
         self.empty_shards = sum(1 for c in self.counts if c == 0)
+        self.workers = worker_count(int(data_cfg.workers), f"{split} loader, rank {rank}")
 
     @property
     def epoch(self) -> int:
@@ -351,7 +382,7 @@ class Loader:
                 self.position // self.global_batch,
                 self.position // self.global_batch + self.steps_per_epoch - start,
             )
-        workers = int(self.cfg.workers)
+        workers = self.workers
         # an own generator: creating the iterator must not draw from the global torch RNG, or a resumed run
         # (which creates it at another step) would see different dropout / drop-path masks
         generator = torch.Generator().manual_seed(hash_seed(self.seed, epoch, self.rank) % 2**63)

@@ -24,9 +24,11 @@ optimizer is a torch optimizer from scale.optim with the same parameter groups a
 
 import argparse
 import hashlib
+import logging
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,11 +61,38 @@ def op_build_dir(prefix: str = sys.prefix) -> str:
     return str(Path.home() / ".cache" / "scale" / "torch_extensions" / key)
 
 
+def choose_accelerator(device_type: str | None = None) -> None:
+    """Tell DeepSpeed its accelerator before it is first imported: it picks one at import and, on a machine
+    without CUDA, logs "Setting accelerator to CPU ... unable to detect it" (the first line of `scale ckpt info`
+    of a DeepSpeed checkpoint) and "No CUDA runtime is found". `device_type`: the run's device; None: CUDA if
+    torch sees it. Never set on a GPU machine; a DS_ACCELERATOR already set wins."""
+    if (device_type or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def quiet_deepspeed(device_type: str) -> None:
+    """Keep DeepSpeed's noise that no user can act on off the console (`scale -v` shows it):
+    - torch's cpp_extension, which DeepSpeed imports, logs "No CUDA runtime is found, using CUDA_HOME=..." at
+      import on every rank of a CPU run on a machine with a CUDA toolkit: a CPU run builds no CUDA op;
+    - ZeRO calls torch.distributed.all_gather_into_tensor / reduce_scatter_tensor, which torch 2.14 deprecates
+      with a FutureWarning per rank: DeepSpeed's call, not scale's."""
+    from scale.verbosity import verbose
+
+    if verbose():
+        return
+    if device_type == "cpu":
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+        category=FutureWarning,
+    )
+
+
 def import_deepspeed(device: torch.device):
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", op_build_dir())  # torch's cpp_extension reads it at each build
-    if device.type == "cpu":
-        # DeepSpeed picks its accelerator at import; never set this on a GPU machine
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    choose_accelerator(device.type)
+    quiet_deepspeed(device.type)
     try:
         import deepspeed
     except ImportError as err:

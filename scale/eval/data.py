@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from scale.data.batch import Batch
-from scale.data.loader import SampleError, ShardReader, labels_tensor, make_views
+from scale.data.loader import SampleError, ShardReader, labels_tensor, make_views, worker_count
 from scale.data.shards import read_manifest
 from scale.data.views import build_views, normalize
 from scale.errors import UserError
@@ -102,7 +102,7 @@ def _batches(dataset: ShardSamples, indices, batch_size: int, workers: int) -> D
         torch.utils.data.Subset(dataset, indices),
         batch_size=batch_size,
         shuffle=False,
-        num_workers=workers,
+        num_workers=worker_count(workers, "evaluation loader"),  # at most the CPUs this rank may use
         collate_fn=dataset.collate,
         persistent_workers=False,
     )

@@ -237,14 +237,19 @@ def _overrides_key(overrides: list[str], key: str) -> bool:
 
 
 def shard_within_nodes(task: Task, cfg, options: SlurmOptions) -> Task:
-    """A multi-node task of an engine that shards parameters shards them within a node unless told otherwise."""
+    """A multi-node task of an engine that shards parameters shards them within a node unless told otherwise
+    (scale.engine.kinds.recipe_setting: the rule `scale plan` proposes too)."""
+    from scale.engine.kinds import recipe_setting
+
     task.shard_size = int(cfg.engine.shard_size)
     if _overrides_key(task.overrides, "engine.shard_size"):
         task.shard_source = "overrides"
         return task
-    shards_params = cfg.engine.kind == "fsdp2" or (cfg.engine.kind == "deepspeed" and cfg.engine.zero_stage == 3)
-    if options.nodes > 1 and task.shard_size == 0 and shards_params:
-        task.shard_size = options.ntasks_per_node
+    _, size = recipe_setting(
+        cfg.engine.kind, cfg.engine.zero_stage, task.shard_size, options.nodes, options.ntasks_per_node
+    )
+    if size != task.shard_size:
+        task.shard_size = size
         task.shard_source = "GPUs per node" if options.gpus_per_node else "tasks per node"
         task.overrides = [*task.overrides, f"engine.shard_size={task.shard_size}"]
     return task

@@ -2,12 +2,11 @@
 
 `build_method(cfg, steps_per_epoch, total_steps)` selects by `cfg.method.kind`; kind `mocov3` runs the framework
 named by `cfg.method.moco.variant` (mocov3 | mocov2 | simclr | byol | swav), which share the `moco` section's heads.
-Imports are local so that importing `scale.methods.base` (the contract) stays light.
+Imports are local so that importing `scale.methods.base` (the contract) and `scale.methods.config` (the recipe
+schema, which `scale --help` imports) stays light: no torch here at module level.
 """
 
 import contextlib
-
-import torch
 
 from scale.errors import UserError
 
@@ -44,14 +43,17 @@ def build_method(
     cfg,
     steps_per_epoch: int,
     total_steps: int,
-    device: torch.device | str | None = None,
+    device=None,
     backbone_fn=None,
     dp_group=None,
 ):
     """The Method of recipe `cfg`, its modules built on `device` ("meta": the engine allocates and initialises them
     after sharding; it also converts BatchNorm to SyncBN on GPUs). `backbone_fn(drop_path=None) -> nn.Module`
     defaults to the model registry's `build_backbone(cfg.model, ...)`; teachers get drop_path=0. `dp_group`: the
-    data-parallel group of the parallel context, over which the losses' collectives run (None: one process)."""
+    data-parallel group of the parallel context, over which the losses' collectives run (None: one process).
+    `device`: a torch.device or its name."""
+    import torch
+
     if steps_per_epoch <= 0 or total_steps <= 0:
         raise UserError(f"steps_per_epoch ({steps_per_epoch}) and total_steps ({total_steps}) must be positive")
     cls = method_class(cfg.method.kind, cfg.method.moco.variant)

@@ -11,18 +11,37 @@ and offers `embed_dim`, `token_dim`, `block_modules()` (FSDP and activation-chec
 CvT, PvT and ViL blocks take `(tokens, grid)` (see scale/models/staged.py); ViT-style blocks take tokens only.
 """
 
-import torch
-from torch import nn
+import importlib
 
-from scale.models import cvt, pvt, resnet, swin, t2t, vil, vit  # noqa: F401  (register the families)
-from scale.models.registry import available, build_backbone, register
+# The families register themselves on import. They import torch and timm (~2 s), so they are imported on first use
+# of the registry, not with the package: the recipe schema (scale.models.config) is read by `scale --help`.
+FAMILIES = ("cvt", "pvt", "resnet", "swin", "t2t", "vil", "vit")
 
 __all__ = ["available", "build_backbone", "init_weights", "register"]
 
 
-def init_weights(module: nn.Module) -> None:
+def load_families() -> None:
+    """Import every backbone family (each registers its names)."""
+    for family in FAMILIES:
+        importlib.import_module(f"scale.models.{family}")
+
+
+def __getattr__(name: str):
+    if name in ("available", "build_backbone", "register"):
+        from scale.models import registry
+
+        load_families()
+        return getattr(registry, name)
+    if name in FAMILIES:
+        return importlib.import_module(f"scale.models.{name}")
+    raise AttributeError(f"module 'scale.models' has no attribute '{name}'")
+
+
+def init_weights(module) -> None:
     """(Re)initialise a backbone's parameters and buffers in place, e.g. after `to_empty` of a meta-built,
     sharded model; deterministic given the torch seed."""
+    import torch
+
     if not hasattr(module, "init_weights"):
         raise TypeError(f"{type(module).__name__} is not a scale backbone (no init_weights)")
     with torch.no_grad():
