@@ -34,7 +34,7 @@ from scale.bench.synthetic import SyntheticLoader, crop_layout
 from scale.bench.trace import trace_step
 from scale.engine.dist import DistInfo
 from scale.engine.parallel import as_parallel
-from scale.step import TrainStep, read_record
+from scale.step import TrainStep, no_phase, read_record
 from scale.train import train_loader
 
 # schedules (lr, weight decay, teacher momentum) are arrays over every step of the run: with a benchmark's small
@@ -67,6 +67,18 @@ def make_loader(cfg, info: DistInfo, device: torch.device, synthetic: bool):
     return train_loader(cfg, info, device)
 
 
+def bench_trainer(cfg, info, device: torch.device, synthetic: bool, phase=no_phase) -> TrainStep:
+    """The training loop's step as a benchmark runs it (also tools/device-check's profiled step)."""
+    return TrainStep(
+        cfg,
+        info,
+        device,
+        lambda: make_loader(cfg, info, device, synthetic),
+        max_schedule_steps_per_epoch=SCHEDULE_STEPS_PER_EPOCH,
+        phase=phase,
+    )
+
+
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
@@ -85,14 +97,7 @@ def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: 
     timer = PhaseTimer(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with MemoryTrace(device) as memory:
-        trainer = TrainStep(
-            cfg,
-            info,
-            device,
-            lambda: make_loader(cfg, info, device, synthetic),
-            max_schedule_steps_per_epoch=SCHEDULE_STEPS_PER_EPOCH,
-            phase=timer,
-        )
+        trainer = bench_trainer(cfg, info, device, synthetic, phase=timer)
         batches = trainer.batches()
         for step in range(warmup):
             trainer(step, trainer.next_batch(batches)[0])

@@ -38,6 +38,14 @@ def dynamo_config():
         yield torch._dynamo.config
 
 
+@pytest.fixture
+def compile_calls(monkeypatch) -> list[dict]:
+    """The keywords of each torch.compile call, which returns its function uncompiled."""
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    return calls
+
+
 @pytest.mark.parametrize("has_new_keyword", [True, False])
 def test_ddp_passes_the_buffer_setting_under_the_keyword_torch_has(monkeypatch, torch_offers, has_new_keyword):
     seen = {}
@@ -49,12 +57,10 @@ def test_ddp_passes_the_buffer_setting_under_the_keyword_torch_has(monkeypatch, 
 
 
 def test_compile_without_the_keyword_raises_the_process_limit_and_never_lowers_it(
-    monkeypatch, torch_offers, dynamo_config
+    torch_offers, dynamo_config, compile_calls
 ):
-    config = dynamo_config
+    config, calls = dynamo_config, compile_calls
     torch_offers("recompile_limit", False)
-    calls = []
-    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
 
     def f(x):
         return x + 1
@@ -66,12 +72,10 @@ def test_compile_without_the_keyword_raises_the_process_limit_and_never_lowers_i
 
 
 def test_compile_with_the_keyword_passes_it_per_call_and_leaves_the_process_limit(
-    monkeypatch, torch_offers, dynamo_config
+    torch_offers, dynamo_config, compile_calls
 ):
-    config = dynamo_config
+    config, calls = dynamo_config, compile_calls
     torch_offers("recompile_limit", True)
-    calls = []
-    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
     torch_compat.compile_fn(len, recompile_limit=256, fullgraph=True)
     assert config.recompile_limit == 8 and calls == [{"recompile_limit": 256, "fullgraph": True}]
 
