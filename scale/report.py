@@ -5,9 +5,9 @@ import json
 import shutil
 from pathlib import Path
 
-import matplotlib
+from scale.extras import require
 
-matplotlib.use("Agg")  # files only: runs on headless nodes
+require("viz", "matplotlib", "the report's plots").use("Agg")  # files only: runs on headless nodes
 import matplotlib.pyplot as plt  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 

@@ -12,6 +12,10 @@ def register(sub) -> None:
 
 
 def cmd_demo(args) -> int:
+    from scale.extras import require
+
+    for module in ("sklearn", "skimage", "matplotlib"):  # before any work; the demo extra brings all three
+        require("demo", module, "scale demo")
     from scale.demo import run_demo
 
     run_demo(args.method, args.run_dir, args.steps, args.nproc, args.bench)

@@ -26,7 +26,11 @@ def register(sub) -> None:
     parser.add_argument("--job-name", help="default: the recipe name")
     parser.add_argument("--run-dir", help="run directory (default runs/<recipe>); a sweep puts task_NNN/ inside")
     parser.add_argument("--sweep", help="YAML list of override sets: one job array task and run directory each")
-    parser.add_argument("--template", type=Path, help="sbatch template (Jinja2; default: slurm/train.sbatch.j2)")
+    parser.add_argument(
+        "--template",
+        type=Path,
+        help="sbatch template (Jinja2; default: the one scale ships, slurm/train.sbatch.j2 in a checkout)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="render the script and print it; do not submit")
     parser.set_defaults(func=cmd_submit)
 
@@ -49,7 +53,7 @@ def cmd_submit(args) -> int:
         job_name=args.job_name,
     )
     job = slurm.plan(args.recipe, args.overrides, args.run_dir, options, sweep=args.sweep)
-    script = slurm.write(job, args.template or slurm.TEMPLATE)
+    script = slurm.write(job, args.template)
     if args.dry_run:
         print(script.read_text(), end="")
         print(f"# rendered {script} (not submitted)")

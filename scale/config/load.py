@@ -8,7 +8,6 @@ import copy
 import dataclasses
 import difflib
 import functools
-import os
 import re
 import typing
 from collections.abc import Iterable
@@ -22,17 +21,12 @@ from omegaconf.errors import OmegaConfBaseException
 from scale.config.schema import Recipe
 from scale.config.validate import Origins, check_recipe
 from scale.errors import ConfigError
+from scale.resources import recipes_dir
 
 BASE_KEY = "base"
 # libyaml's parser where PyYAML was built with it: several times faster on the ~300 recipes the tests load
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 OVERRIDE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*=")
-
-
-def recipes_dir() -> Path:
-    """recipes/ beside the package (editable install), or $SCALE_RECIPES."""
-    env = os.environ.get("SCALE_RECIPES")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "recipes"
 
 
 def recipe_path(name_or_path: str, relative_to: Path | None = None) -> Path:

@@ -23,6 +23,7 @@ from scale.data.loader import ShardReader, collate
 from scale.data.reference import ReferenceDino
 from scale.data.shards import read_manifest
 from scale.data.views import build_views
+from scale.extras import available
 
 
 def load_jpegs(shard_dir, limit: int) -> list[bytes]:
@@ -93,11 +94,7 @@ def bench_views(
 
 
 def dali_available() -> bool:
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return available("nvidia.dali")
 
 
 def bench_dali(

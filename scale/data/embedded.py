@@ -21,6 +21,7 @@ from PIL import Image
 
 from scale.data.shards import Item, Source, build_shards
 from scale.errors import UserError
+from scale.extras import require
 
 PHOTOS = [
     "skimage:astronaut.png",
@@ -49,13 +50,9 @@ def _jpeg(img: Image.Image, quality: int = 92) -> bytes:
 def _package_photo(spec: str) -> Image.Image:
     package, name = spec.split(":")
     if package == "skimage":
-        import skimage.data
-
-        folder = Path(skimage.data.__file__).parent
+        folder = Path(require("eval", "skimage.data", "the embedded photos").__file__).parent
     else:
-        import sklearn.datasets
-
-        folder = Path(sklearn.datasets.__file__).parent / "images"
+        folder = Path(require("eval", "sklearn.datasets", "the embedded photos").__file__).parent / "images"
     path = folder / name
     if not path.is_file():
         raise UserError(f"embedded photo not shipped by the installed {package}: {path}")
@@ -63,9 +60,7 @@ def _package_photo(spec: str) -> Image.Image:
 
 
 def _digits(split: str) -> Source:
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
+    digits = require("eval", "sklearn.datasets", "the embedded digits").load_digits()
     items = []
     for i, (pixels, label) in enumerate(zip(digits.images, digits.target)):
         if (i % 5 == 0) != (split == "val"):

@@ -46,6 +46,7 @@ from scale.engine.params import clean_name, named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.engine.torch_engine import broadcast_module
 from scale.errors import UserError
+from scale.extras import require
 from scale.methods.base import Method
 from scale.optim import build_optimizer, param_groups
 
@@ -93,11 +94,7 @@ def import_deepspeed(device: torch.device):
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", op_build_dir())  # torch's cpp_extension reads it at each build
     choose_accelerator(device.type)
     quiet_deepspeed(device.type)
-    try:
-        import deepspeed
-    except ImportError as err:
-        raise UserError("engine.kind=deepspeed needs DeepSpeed: pip install 'scale[deepspeed]'") from err
-    return deepspeed
+    return require("deepspeed", "deepspeed", "engine.kind=deepspeed")
 
 
 def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True, hpz_size: int = 1) -> dict:

@@ -7,7 +7,10 @@ import math
 
 import cv2
 import numpy as np
-from skimage.morphology import disk
+
+from scale.extras import require
+
+disk = require("eval", "skimage.morphology", "the DAVIS J&F score").disk
 
 BOUNDARY_THRESHOLD = 0.008  # share of the image diagonal
 

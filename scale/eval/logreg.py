@@ -22,6 +22,7 @@ import numpy as np
 from scale.errors import UserError
 from scale.eval.data import dataset_info
 from scale.eval.linear import in_val_split
+from scale.extras import require
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def average_precision_11point(target: np.ndarray, scores: np.ndarray) -> float:
 
 def score(metric: str, labels: np.ndarray, proba: np.ndarray) -> float:
     """The data set's metric in percent; `proba` is [N, C] over all classes, labels [N] or [N, C] multi-label."""
+    require("eval", "sklearn", "the linear-probe metrics")
     from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 
     num_classes = proba.shape[1]
@@ -98,6 +100,7 @@ def fit_predict(
     """Probabilities [N_test, num_classes] of an L-BFGS logistic regression with L2 strength lambda (C = 1/lambda).
 
     Multi-label targets ([N, C]) get one binary classifier per class (one-vs-rest)."""
+    require("eval", "sklearn", "the logistic-regression probe")
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
     from sklearn.multiclass import OneVsRestClassifier

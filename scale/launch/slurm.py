@@ -27,8 +27,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from scale.config import load_recipe
 from scale.errors import PREEMPTED_EXIT_CODE, UserError
+from scale.resources import slurm_template
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "train.sbatch.j2"
 SCRIPT_NAME = "job.sbatch"
 JOB_RECORD = "slurm.json"
 
@@ -291,7 +291,8 @@ def _directive(value) -> str:
     return f'"{text}"' if any(c.isspace() for c in text) else text
 
 
-def render(job: Job, template: Path = TEMPLATE) -> str:
+def render(job: Job, template: Path | None = None) -> str:
+    template = template or slurm_template()
     if not template.is_file():
         raise UserError(f"--template {template}: file not found")
     env = jinja2.Environment(
@@ -318,7 +319,7 @@ def render(job: Job, template: Path = TEMPLATE) -> str:
         raise UserError(f"--template {template}: {err.message}") from None
 
 
-def write(job: Job, template: Path = TEMPLATE) -> Path:
+def write(job: Job, template: Path | None = None) -> Path:
     """Render the script into the run directory and create the directories Slurm writes stdout/stderr into."""
     text = render(job, template)
     for task in job.tasks:

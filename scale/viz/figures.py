@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-import matplotlib
+from scale.extras import require
 
-matplotlib.use("Agg")  # files only: runs on headless nodes
+require("viz", "matplotlib", "an attention figure").use("Agg")  # files only: runs on headless nodes
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from scale.cli import main
 from scale.config import load_recipe
-from scale.config.load import recipes_dir
 from scale.recipes.check import check_recipe
 from scale.recipes.provenance import stated_keys
+from scale.resources import recipes_dir
 
 DINO_BASE = recipes_dir() / "_base" / "dino.yaml"
 # every recipe of the tree passes its sources: tests/recipes/test_recipes_check.py (check_recipe includes them)

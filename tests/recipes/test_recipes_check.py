@@ -7,8 +7,8 @@ import pytest
 
 from scale.cli import main
 from scale.config import list_recipes, recipe_name
-from scale.config.load import recipes_dir
 from scale.recipes.check import check_recipe, within_rounding
+from scale.resources import recipes_dir
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 

@@ -8,20 +8,12 @@ Device: `data.dali_device` auto (the GPU when CUDA is available, else the CPU), 
 (every op on the CPU, `device_id=None`; what the tests run).
 """
 
-from scale.errors import UserError
-
-INSTALL = "pip install 'scale[dali]'"
+from scale.extras import require
 
 
 def require_dali():
     """The nvidia.dali module, or a UserError naming the extra to install."""
-    try:
-        import nvidia.dali
-    except ImportError as err:
-        raise UserError(
-            f"data.backend=dali needs NVIDIA DALI, which is not importable here ({err}); install it with: {INSTALL}"
-        ) from None
-    return nvidia.dali
+    return require("dali", "nvidia.dali", "data.backend=dali")
 
 
 def build_dali_loader(*args, **kwargs):

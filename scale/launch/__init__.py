@@ -1,0 +1,1 @@
+"""Starting runs: local processes (gloo), Slurm jobs and their status."""
