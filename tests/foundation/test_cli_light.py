@@ -8,7 +8,8 @@ import sys
 
 from scale.cli import build_parser, command_parsers
 
-HEAVY = ("torch", "timm", "torchvision", "deepspeed", "matplotlib", "numpy", "PIL", "omegaconf", "jinja2", "scipy")
+HEAVY = ("torch", "timm", "torchvision", "numpy", "PIL", "cv2", "omegaconf", "jinja2", "scipy")
+HEAVY += ("deepspeed", "nvidia", "matplotlib", "sklearn", "skimage", "tensorboard")  # the extras' libraries
 
 # runs every argv through scale.cli.main in one fresh interpreter and prints the heavy top-level modules it imported
 PROBE = """
