@@ -181,7 +181,8 @@ def collate(samples: list, views, mean, std, label_kind: str, num_classes: int) 
     for g, n_views in enumerate(views.views_per_group):
         views_g = [s[1][g][v] for v in range(n_views) for s in samples]
         if deferred:
-            crops.append(torch.stack([crop for crop, _ in views_g]))
+            # the crops are HWC arrays seen as CHW: stacked in HWC (one copy each), shipped channels-last
+            crops.append(torch.stack([crop.permute(1, 2, 0) for crop, _ in views_g]).permute(0, 3, 1, 2))
             params.append(torch.tensor([row for _, row in views_g], dtype=torch.float32))
         else:
             stacked = torch.stack(views_g)
