@@ -125,12 +125,10 @@ def bench_device(views_cfg, batch: int = 64, steps: int = 10, device: torch.devi
     crops, params, row = [], [], 0
     for group in views.groups:
         size = group[0].size
-        n = len(group) * batch
-        crops.append(torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, device=device))
-        group_rows = [r for spec_rows in rows[row : row + len(group)] for r in spec_rows]
-        params.append(torch.tensor(group_rows, dtype=torch.float32, device=device))
+        crops.append(torch.randint(0, 256, (len(group) * batch, 3, size, size), dtype=torch.uint8, device=device))
+        params.append([r for spec_rows in rows[row : row + len(group)] for r in spec_rows])
         row += len(group)
-    photometric = Photometric(params, tuple(views_cfg.mean), tuple(views_cfg.std), views.blur_taps)
+    photometric = Photometric.of(params, views_cfg.mean, views_cfg.std, views.blur_taps).to(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     photometric.apply(crops)  # warm-up: kernels, allocator
     sync()

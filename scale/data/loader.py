@@ -183,7 +183,7 @@ def collate(samples: list, views, mean, std, label_kind: str, num_classes: int) 
         if deferred:
             # the crops are HWC arrays seen as CHW: stacked in HWC (one copy each), shipped channels-last
             crops.append(torch.stack([crop.permute(1, 2, 0) for crop, _ in views_g]).permute(0, 3, 1, 2))
-            params.append(torch.tensor([row for _, row in views_g], dtype=torch.float32))
+            params.append([row for _, row in views_g])
         else:
             stacked = torch.stack(views_g)
             crops.append(stacked if getattr(views, "normalized", False) else normalize(stacked, mean, std))
@@ -192,7 +192,7 @@ def collate(samples: list, views, mean, std, label_kind: str, num_classes: int) 
         list(views.views_per_group),
         labels_tensor([s[2] for s in samples], label_kind, num_classes),
         [s[0] for s in samples],
-        Photometric(params, tuple(mean), tuple(std), views.blur_taps) if deferred else None,
+        Photometric.of(params, mean, std, views.blur_taps) if deferred else None,
     )
 
 

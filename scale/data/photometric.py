@@ -61,19 +61,26 @@ def blur_taps(max_sigma: float) -> int:
 
 @dataclass
 class Photometric:
-    """Each group's parameter rows [N_g, COLUMNS] (view-major, as the crops), and what the ops need besides."""
+    """Each group's parameter rows [N_g, COLUMNS] (view-major, as the crops), the normalisation [2, 3] (mean, std)
+    and the blur kernel's taps. The tensors travel with the batch (pinned, copied without a wait): a tensor made
+    from host numbers on the device would make the host wait for the stream."""
 
     params: list[torch.Tensor]
-    mean: tuple
-    std: tuple
+    norm: torch.Tensor
     taps: int
+
+    @classmethod
+    def of(cls, rows: list, mean, std, taps: int) -> "Photometric":
+        """From each group's parameter rows (lists)."""
+        params = [torch.tensor(r, dtype=torch.float32).view(-1, COLUMNS) for r in rows]
+        return cls(params, torch.tensor([list(mean), list(std)], dtype=torch.float32), taps)
 
     def to(self, device: torch.device, non_blocking: bool = True) -> "Photometric":
         params = [p.to(device, non_blocking=non_blocking) for p in self.params]
-        return Photometric(params, self.mean, self.std, self.taps)
+        return Photometric(params, self.norm.to(device, non_blocking=non_blocking), self.taps)
 
     def pin_memory(self) -> "Photometric":
-        return Photometric([p.pin_memory() for p in self.params], self.mean, self.std, self.taps)
+        return Photometric([p.pin_memory() for p in self.params], self.norm.pin_memory(), self.taps)
 
     def apply(self, crops: list[torch.Tensor]) -> list[torch.Tensor]:
         """uint8 groups [N, 3, H, W] -> augmented, normalised float groups, on the crops' device."""
@@ -86,9 +93,7 @@ class Photometric:
         x = torch.where(_rows(p[:, GREY]), grayscale(x).expand_as(x), x)
         x = gaussian_blur(x, p[:, SIGMA], self.taps)
         x = torch.where(_rows(p[:, SOLARIZE]) & (x >= SOLARIZE_THRESHOLD), 1.0 - x, x)
-        mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1)
-        std = torch.tensor(self.std, device=x.device).view(1, 3, 1, 1)
-        return x.sub_(mean).div_(std)
+        return x.sub_(self.norm[0].view(1, 3, 1, 1)).div_(self.norm[1].view(1, 3, 1, 1))
 
 
 def _rows(flags: torch.Tensor) -> torch.Tensor:
@@ -134,7 +139,7 @@ def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     hue = torch.where(channel == 0, (g - b) / d, torch.where(channel == 1, 2.0 + (b - r) / d, 4.0 + (r - g) / d))
     hue = (hue / 6.0 + 1.0 + shift.view(-1, 1, 1)).remainder(1.0)
     # HSV -> RGB: channel n is v - v s clamp(min(k, 4 - k), 0, 1) with k = (n + 6 h) mod 6, n = 5, 3, 1
-    n = torch.tensor([5.0, 3.0, 1.0], device=x.device).view(1, 3, 1, 1)
+    n = torch.arange(5.0, 0.0, -2.0, device=x.device).view(1, 3, 1, 1)
     k = (n + 6.0 * hue.unsqueeze(1)).remainder(6.0)
     ramp = torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0)
     v, s = value.unsqueeze(1), saturation.unsqueeze(1)

@@ -34,8 +34,7 @@ def photo_batch(size: int = 48) -> torch.Tensor:
 
 
 def apply(crops: torch.Tensor, draws: list[Draw]) -> torch.Tensor:
-    params = torch.tensor([d.row() for d in draws], dtype=torch.float32)
-    return Photometric([params], MEAN, STD, TAPS).apply([crops])[0]
+    return Photometric.of([[d.row() for d in draws]], MEAN, STD, TAPS).apply([crops])[0]
 
 
 def draw(flip=False, order=None, factors=None, grey=False, sigma=None, solarize=False) -> Draw:
@@ -100,8 +99,7 @@ def test_every_op_in_each_crops_order_equals_torchvision_in_that_order():
 def test_untouched_crops_are_the_normalised_input_bit_for_bit():
     crops = photo_batch()
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    params = torch.tensor([draw().row()] * len(crops), dtype=torch.float32)
-    out = Photometric([params], mean, std, TAPS).apply([crops])[0]
+    out = Photometric.of([[draw().row()] * len(crops)], mean, std, TAPS).apply([crops])[0]
     expected = (crops.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
     assert torch.allclose(out, expected, atol=1e-6)
 
@@ -173,9 +171,10 @@ def test_device_effects_happen_at_the_official_rates():
     white = torch.full((1, 3, 8, 8), 250, dtype=torch.uint8)
     for position, probs in DINO.items():
         r = rows[position]
-        out = Photometric([r], MEAN, STD, TAPS).apply([white.expand(len(r), 3, 8, 8).clone()])[0]
+        photometric = Photometric.of([r.tolist()], MEAN, STD, TAPS)
+        out = photometric.apply([white.expand(len(r), 3, 8, 8).clone()])[0]
         colourful = torch.tensor([[[[250]], [[40]], [[120]]]], dtype=torch.uint8).expand(len(r), 3, 8, 8).clone()
-        grey = Photometric([r], MEAN, STD, TAPS).apply([colourful])[0]
+        grey = photometric.apply([colourful])[0]
         greyed = (grey.amax(1) - grey.amin(1)).amax(dim=(1, 2)) < 1e-6
         assert_rate(greyed, probs[2], f"{position} grey")
         solarized = out.mean(dim=(1, 2, 3)) < 0.5  # jitter keeps a 250 crop above 128 only mostly: the flag decides
