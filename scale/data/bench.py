@@ -9,7 +9,7 @@ CPU; the first batch (pipeline build and prefetch) is not counted.
 All read the same JPEG bytes (held in memory, so the disk is out of the measurement) and run in the same worker
 processes, alternating on chunks of `batch` images so that all see the same load from anything else running on the
 machine; crops/s counts every crop produced (ours: the recipe's views, collated and normalised as the loader does;
-reference: 2 x 224 + n_local x 96). Images/s are wall-clock; images per CPU second are the per-core rates, which
+reference: the recipe's crop sizes, scales and counts, multicrop's first local size). Images/s are wall-clock; images per CPU second are the per-core rates, which
 other processes competing for the cores do not distort.
 """
 
@@ -42,7 +42,7 @@ def load_jpegs(shard_dir, limit: int) -> list[bytes]:
 
 
 PIPELINES = {  # name -> what `scale bench data` calls it
-    "reference": "official DINO (PIL, full decode)",
+    "reference": "official DINO (PIL, full decode)",  # the same crops (reference_for)
     "cpu": "scale, photometric_on=cpu",
     "split": "scale, photometric_on=device: CPU part",
 }
@@ -50,19 +50,26 @@ PIPELINES = {  # name -> what `scale bench data` calls it
 
 def _run(args) -> dict:
     """One worker: the pipelines alternate on chunks of images; wall and CPU seconds and crops of each."""
-    views_cfg, jpegs, batch, n_local = args
+    views_cfg, jpegs, batch = args
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a loader worker; put back for the caller when run in its process
     try:
-        return _alternate(views_cfg, jpegs, batch, n_local)
+        return _alternate(views_cfg, jpegs, batch)
     finally:
         torch.set_num_threads(threads)
 
 
-def _alternate(views_cfg, jpegs: list, batch: int, n_local: int) -> dict:
+def reference_for(views_cfg) -> ReferenceDino:
+    """The official DINO pipeline making the recipe's crops (two_view: the two global crops only)."""
+    n_local = sum(views_cfg.n_local) if views_cfg.kind == "multicrop" else 0
+    scales = tuple(views_cfg.global_scale), tuple(views_cfg.local_scale)
+    return ReferenceDino(views_cfg.global_size, views_cfg.local_sizes[0], n_local, *scales)
+
+
+def _alternate(views_cfg, jpegs: list, batch: int) -> dict:
     random.seed(0)
     torch.manual_seed(0)
-    reference = ReferenceDino(n_local=n_local)
+    reference = reference_for(views_cfg)
 
     def scale_views(photometric_on: str):
         views, rng = build_views(views_cfg, photometric_on), random.Random(0)
@@ -97,14 +104,12 @@ def _parallel(jobs: list) -> list[dict]:
         return pool.map(_run, jobs)
 
 
-def bench_views(
-    views_cfg, shard_dir, workers: int = 1, images: int = 200, batch: int = 32, ref_n_local: int = 10
-) -> dict:
+def bench_views(views_cfg, shard_dir, workers: int = 1, images: int = 200, batch: int = 32) -> dict:
     """Per pipeline (PIPELINES): images/s and crops/s on `workers` processes (wall clock: the slowest worker sets
     the pace), CPU seconds, and images/s per core (images per CPU second, which other load does not distort)."""
     jpegs = load_jpegs(shard_dir, images)
     parts = [jpegs[w::workers] for w in range(workers)]
-    results = _parallel([(views_cfg, p, batch, ref_n_local) for p in parts])
+    results = _parallel([(views_cfg, p, batch) for p in parts])
     n = len(jpegs)
     out = {"images": n, "workers": workers}
     for name in PIPELINES:
