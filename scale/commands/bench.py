@@ -3,7 +3,8 @@
 - `scale bench RECIPE [overrides] [--steps N] [--warmup W] [--synthetic-data] [--matrix key=v1,v2]... [--json F]
   [--nproc N]`: real training steps (scale.bench.run), one table row per setting of the matrix (one axis per
   `--matrix`, or several short-key axes after one flag; a dotted override after it is an override, never an axis);
-- `scale bench data RECIPE [--workers N] [--images N]` measures the data pipeline;
+- `scale bench data RECIPE [--workers N] [--images N] [--shards DIR | --photos] [--rate N]` measures the view
+  pipelines side by side (scale.data.bench);
 - `scale bench table dino8|esvit9|mocov3-3 [--scale tiny|full] ...`: the papers' cost tables.
 The first word selects a benchmark from `BENCHES`; any other first word is a recipe.
 """
@@ -15,14 +16,19 @@ import json
 def _data_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scale bench data",
-        description="images/s and crops/s of the view pipeline vs official DINO's, "
-        "and of the DALI backend when installed",
+        description="images/s of the view pipelines (official DINO, scale's CPU views, the split pipeline's CPU and "
+        "device parts) in one run, and of the DALI backend when installed",
     )
     parser.add_argument("recipe", help="recipe name or YAML path (its data.views and data.train are used)")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    parser.add_argument("--workers", type=int, default=1, help="processes, for both pipelines")
+    parser.add_argument("--workers", type=int, default=1, help="processes, for every CPU pipeline")
     parser.add_argument("--images", type=int, default=200, help="images read from the shards")
-    parser.add_argument("--shards", help="shard directory (default: the recipe's data.train)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--shards", help="shard directory (default: the recipe's data.train)")
+    source.add_argument(
+        "--photos", action="store_true", help="generated 500x375 JPEG shards (embedded photos_large), made here"
+    )
+    parser.add_argument("--rate", type=float, default=2500, help="N: cores per GPU needed to feed N images/s")
     parser.add_argument("--dali-device", default="auto", help="DALI backend: auto | gpu | cpu")
     return parser
 
@@ -32,33 +38,56 @@ def _data_parser() -> argparse.ArgumentParser:
 
 def bench_data(argv: list[str]) -> int:
     args = _data_parser().parse_intermixed_args(argv)
+    import tempfile
+
     from scale.config import load_recipe
-    from scale.data.bench import bench_dali, bench_views, dali_available
 
     cfg = load_recipe(args.recipe, args.overrides)
-    result = bench_views(cfg.data.views, args.shards or cfg.data.train, workers=args.workers, images=args.images)
-    print(f"{result['images']} images, {result['workers']} worker(s)")
-    print(f"  ours      {result['ours_images_per_s']:8.1f} images/s {result['ours_crops_per_s']:9.1f} crops/s")
-    print(
-        f"  reference {result['reference_images_per_s']:8.1f} images/s "
-        f"{result['reference_crops_per_s']:9.1f} crops/s (official DINO: PIL, full decode, 2x224 + 10x96)"
-    )
-    print(f"  speedup   {result['speedup']:8.2f}x images/s on the same cores (wall clock)")
-    print(
-        f"            {result['speedup_per_core']:8.2f}x per core (CPU seconds: ours {result['ours_cpu_s']:.1f}, "
-        f"reference {result['reference_cpu_s']:.1f})"
+    with tempfile.TemporaryDirectory(prefix="scale-bench-data-") as tmp:
+        if args.photos:
+            from scale.data import embedded
+
+            shards = str(embedded.build("photos_large", tmp)["train"])
+        else:
+            shards = args.shards or cfg.data.train
+        for line in data_table(cfg.data.views, shards, args):
+            print(line)
+    return 0
+
+
+def data_table(views_cfg, shards: str, args) -> list[str]:
+    """The rows of `scale bench data`: per pipeline images/s, images/s per core and cores per GPU at --rate."""
+    import os
+
+    from scale.data.bench import PIPELINES, bench_dali, bench_device, bench_views, dali_available
+
+    result = bench_views(views_cfg, shards, workers=args.workers, images=args.images)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [
+        f"{result['images']} images from {shards}, {result['workers']} worker process(es); load average {load}",
+        f"  {'pipeline':38s} {'images/s':>9s} {'per core':>9s} {'x official':>10s} {f'cores @ {args.rate:g}/s':>14s}",
+    ]
+    official = result["reference"]["per_core"]
+    for name, label in PIPELINES.items():
+        r = result[name]
+        lines.append(
+            f"  {label:38s} {r['images_per_s']:9.1f} {r['per_core']:9.1f} {r['per_core'] / official:9.2f}x "
+            f"{args.rate / r['per_core']:14.1f}"
+        )
+    device = bench_device(views_cfg)
+    lines.append(
+        f"  {'photometric_on=device: device part':38s} {device['images_per_s']:9.1f} "
+        f"(batches of {device['batch']} images on {device['device']})"
     )
     if not dali_available():
-        print("  dali      not installed (pip install 'scale[dali]')")
-        return 0
-    dali = bench_dali(
-        cfg.data.views, args.shards or cfg.data.train, workers=args.workers, images=args.images, device=args.dali_device
+        lines.append("  dali: not installed (pip install 'scale[dali]')")
+        return lines
+    dali = bench_dali(views_cfg, shards, workers=args.workers, images=args.images, device=args.dali_device)
+    lines.append(
+        f"  {'dali/' + dali['device']:38s} {dali['images_per_s']:9.1f} ({dali['images']} images, "
+        f"{args.workers} thread(s), {dali['cpu_s']:.1f} CPU seconds)"
     )
-    print(
-        f"  dali/{dali['device']}  {dali['images_per_s']:8.1f} images/s {dali['crops_per_s']:9.1f} crops/s "
-        f"({dali['images']} images, {args.workers} thread(s), {dali['cpu_s']:.1f} CPU seconds)"
-    )
-    return 0
+    return lines
 
 
 def _train_parser() -> argparse.ArgumentParser:

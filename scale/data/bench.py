@@ -1,14 +1,16 @@
-"""Throughput of the view pipeline on shards against the official DINO augmentation, on the same images and cores.
+"""Throughput of the view pipelines on shards against the official DINO augmentation, on the same images and cores:
+the official pipeline, scale's CPU views (photometric_on=cpu), the CPU part of the split pipeline
+(photometric_on=device: decode, crop, resize, draw), and, apart, the split pipeline's device part.
 
 `bench_dali` measures the DALI backend (data.backend=dali) on the same shards beside them: its loader, with
 data.workers threads, reading the tars (page-cached after the first pass) on the GPU when there is one, else on the
 CPU; the first batch (pipeline build and prefetch) is not counted.
 
-Both read the same JPEG bytes (held in memory, so the disk is out of the measurement) and run in the same worker
-processes, alternating on chunks of `batch` images so that both see the same load from anything else running on the
+All read the same JPEG bytes (held in memory, so the disk is out of the measurement) and run in the same worker
+processes, alternating on chunks of `batch` images so that all see the same load from anything else running on the
 machine; crops/s counts every crop produced (ours: the recipe's views, collated and normalised as the loader does;
-reference: 2 x 224 + n_local x 96). Images/s are wall-clock; the CPU-time ratio is the per-core speedup, which other
-processes competing for the cores do not distort.
+reference: the recipe's crop sizes, scales and counts, multicrop's first local size). Images/s are wall-clock; images per CPU second are the per-core rates, which
+other processes competing for the cores do not distort.
 """
 
 import random
@@ -20,6 +22,7 @@ import torch
 
 from scale.data.factory import build_loader
 from scale.data.loader import ShardReader, collate
+from scale.data.photometric import Photometric
 from scale.data.reference import ReferenceDino
 from scale.data.shards import read_manifest
 from scale.data.views import build_views
@@ -39,27 +42,54 @@ def load_jpegs(shard_dir, limit: int) -> list[bytes]:
     return out
 
 
+PIPELINES = {  # name -> what `scale bench data` calls it
+    "reference": "official DINO (PIL, full decode)",  # the same crops (reference_for)
+    "cpu": "scale, photometric_on=cpu",
+    "split": "scale, photometric_on=device: CPU part",
+}
+
+
 def _run(args) -> dict:
-    """One worker: ours and the reference alternate on chunks of images; wall and CPU seconds and crops of each."""
-    views_cfg, jpegs, batch, n_local = args
-    torch.set_num_threads(1)
-    views = build_views(views_cfg)
-    rng = random.Random(0)
+    """One worker: the pipelines alternate on chunks of images; wall and CPU seconds and crops of each."""
+    views_cfg, jpegs, batch = args
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a loader worker; put back for the caller when run in its process
+    try:
+        return _alternate(views_cfg, jpegs, batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def reference_for(views_cfg) -> ReferenceDino:
+    """The official DINO pipeline making the recipe's crops (two_view: the two global crops only)."""
+    n_local = sum(views_cfg.n_local) if views_cfg.kind == "multicrop" else 0
+    scales = tuple(views_cfg.global_scale), tuple(views_cfg.local_scale)
+    return ReferenceDino(views_cfg.global_size, views_cfg.local_sizes[0], n_local, *scales)
+
+
+def _alternate(views_cfg, jpegs: list, batch: int) -> dict:
     random.seed(0)
     torch.manual_seed(0)
-    reference = ReferenceDino(n_local=n_local)
+    reference = reference_for(views_cfg)
 
-    def ours(chunk):
-        samples = [(str(n), views(data, rng), -1) for n, data in enumerate(chunk)]
-        collate(samples, views, views_cfg.mean, views_cfg.std, "none", 0)
-        return sum(views.views_per_group) * len(chunk)
+    def scale_views(photometric_on: str):
+        views, rng = build_views(views_cfg, photometric_on), random.Random(0)
 
-    def ref(chunk):
-        return sum(len(reference(data)) for data in chunk)
+        def run(chunk):
+            samples = [(str(n), views(data, rng), -1) for n, data in enumerate(chunk)]
+            collate(samples, views, views_cfg.mean, views_cfg.std, "none", 0)
+            return sum(views.views_per_group) * len(chunk)
 
-    out = {name: {"wall": 0.0, "cpu": 0.0, "crops": 0} for name in ("ours", "reference")}
+        return run
+
+    runs = {
+        "reference": lambda chunk: sum(len(reference(data)) for data in chunk),
+        "cpu": scale_views("cpu"),
+        "split": scale_views("device"),
+    }
+    out = {name: {"wall": 0.0, "cpu": 0.0, "crops": 0} for name in runs}
     for i in range(0, len(jpegs), batch):
-        for name, run in (("ours", ours), ("reference", ref)):
+        for name, run in runs.items():
             wall, cpu = time.perf_counter(), time.process_time()
             out[name]["crops"] += run(jpegs[i : i + batch])
             out[name]["wall"] += time.perf_counter() - wall
@@ -75,22 +105,46 @@ def _parallel(jobs: list) -> list[dict]:
         return pool.map(_run, jobs)
 
 
-def bench_views(
-    views_cfg, shard_dir, workers: int = 1, images: int = 200, batch: int = 32, ref_n_local: int = 10
-) -> dict:
+def bench_views(views_cfg, shard_dir, workers: int = 1, images: int = 200, batch: int = 32) -> dict:
+    """Per pipeline (PIPELINES): images/s and crops/s on `workers` processes (wall clock: the slowest worker sets
+    the pace), CPU seconds, and images/s per core (images per CPU second, which other load does not distort)."""
     jpegs = load_jpegs(shard_dir, images)
     parts = [jpegs[w::workers] for w in range(workers)]
-    results = _parallel([(views_cfg, p, batch, ref_n_local) for p in parts])
+    results = _parallel([(views_cfg, p, batch) for p in parts])
     n = len(jpegs)
     out = {"images": n, "workers": workers}
-    for name in ("ours", "reference"):
-        wall = max(r[name]["wall"] for r in results)  # the slowest worker sets the pace
-        out[f"{name}_images_per_s"] = n / wall
-        out[f"{name}_crops_per_s"] = sum(r[name]["crops"] for r in results) / wall
-        out[f"{name}_cpu_s"] = sum(r[name]["cpu"] for r in results)
-    out["speedup"] = out["ours_images_per_s"] / out["reference_images_per_s"]
-    out["speedup_per_core"] = out["reference_cpu_s"] / out["ours_cpu_s"]
+    for name in PIPELINES:
+        wall = max(r[name]["wall"] for r in results)
+        cpu = sum(r[name]["cpu"] for r in results)
+        crops = sum(r[name]["crops"] for r in results)
+        out[name] = {"images_per_s": n / wall, "crops_per_s": crops / wall, "cpu_s": cpu, "per_core": n / cpu}
     return out
+
+
+def bench_device(views_cfg, batch: int = 64, steps: int = 10, device: torch.device | None = None) -> dict:
+    """Images/s of the device part (Photometric.apply) on batches of `batch` images in the recipe's crop layout,
+    with parameters drawn as the loader draws them; on CUDA when there is one, else on the CPU (all its threads)."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    views, rng = build_views(views_cfg, "device"), random.Random(0)
+    specs = [spec for group in views.groups for spec in group]
+    rows = [[views.draw(spec, rng).row() for _ in range(batch)] for spec in specs]
+    crops, params, row = [], [], 0
+    for group in views.groups:
+        size = group[0].size
+        crops.append(torch.randint(0, 256, (len(group) * batch, 3, size, size), dtype=torch.uint8, device=device))
+        params.append([r for spec_rows in rows[row : row + len(group)] for r in spec_rows])
+        row += len(group)
+    photometric = Photometric.of(params, views_cfg.mean, views_cfg.std, views.blur_taps).to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    photometric.apply(crops)  # warm-up: kernels, allocator
+    sync()
+    wall = time.perf_counter()
+    for _ in range(steps):
+        photometric.apply(crops)
+    sync()
+    wall = time.perf_counter() - wall
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    return {"device": name, "images_per_s": batch * steps / wall, "batch": batch}
 
 
 def dali_available() -> bool:

@@ -28,6 +28,10 @@ class ViewsConfig:
     local_blur_p: float = within(0.5, 0.0, 1.0)
     local_solarize_p: float = within(0.0, 0.0, 1.0)
     blur_sigma: list[float] = field(default_factory=lambda: [0.1, 2.0])
+    # multicrop, two_view: flip, jitter, greyscale, blur, solarize in the CPU workers (cpu) or batched on the device
+    # (device: the workers ship uint8 crops); auto: device when the batches go to a CUDA device (data.backend=dali
+    # has its own path)
+    photometric_on: str = choice("auto", listed_in("scale.data.photometric", "PLACES"))
     mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
     std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
     # supervised views (timm transform factory)

@@ -46,6 +46,7 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset
 
 from scale.data.batch import Batch
+from scale.data.photometric import Photometric, resolve
 from scale.data.shards import read_index, read_manifest
 from scale.data.views import build_views, normalize
 from scale.errors import UserError
@@ -173,16 +174,25 @@ def labels_tensor(labels: list, label_kind: str, num_classes: int) -> torch.Tens
 
 
 def collate(samples: list, views, mean, std, label_kind: str, num_classes: int) -> Batch:
-    """samples: [(key, groups, label)] -> Batch with view-major groups."""
-    crops = []
+    """samples: [(key, groups, label)] -> Batch with view-major groups; photometric_on=device: uint8 crops and their
+    parameter rows, which Batch.to applies on the device."""
+    deferred = getattr(views, "photometric_on", "cpu") == "device"
+    crops, params = [], []
     for g, n_views in enumerate(views.views_per_group):
-        stacked = torch.stack([s[1][g][v] for v in range(n_views) for s in samples])
-        crops.append(stacked if getattr(views, "normalized", False) else normalize(stacked, mean, std))
+        views_g = [s[1][g][v] for v in range(n_views) for s in samples]
+        if deferred:
+            # the crops are HWC arrays seen as CHW: stacked in HWC (one copy each), shipped channels-last
+            crops.append(torch.stack([crop.permute(1, 2, 0) for crop, _ in views_g]).permute(0, 3, 1, 2))
+            params.append([row for _, row in views_g])
+        else:
+            stacked = torch.stack(views_g)
+            crops.append(stacked if getattr(views, "normalized", False) else normalize(stacked, mean, std))
     return Batch(
         crops,
         list(views.views_per_group),
         labels_tensor([s[2] for s in samples], label_kind, num_classes),
         [s[0] for s in samples],
+        Photometric.of(params, mean, std, views.blur_taps) if deferred else None,
     )
 
 
@@ -327,7 +337,8 @@ class Loader:
         views_cfg=None,
         pin_memory: bool = False,
     ):
-        """`pin_memory`: batches in page-locked memory (for a CUDA device: asynchronous copies, scale.data.prefetch)."""
+        """`pin_memory`: batches for a CUDA device, in page-locked memory (asynchronous copies, scale.data.prefetch);
+        data.views.photometric_on=auto then puts the photometric ops on that device."""
         if split not in ("train", "val"):
             raise UserError(f"split must be train or val, got '{split}'")
         if global_batch <= 0 or global_batch % world_size:
@@ -353,7 +364,7 @@ class Loader:
         self.global_batch, self.rank, self.world_size, self.seed = global_batch, rank, world_size, seed
         self.local_batch = global_batch // world_size
         self.pin_memory = pin_memory
-        self.views = build_views(self.views_cfg)
+        self.views = build_views(self.views_cfg, resolve(self.views_cfg.photometric_on, cuda=pin_memory))
         self.position = 0
         self.errors: Counter = Counter()
         self.epoch_errors = 0

@@ -18,6 +18,10 @@ then stays a uint8 [H, W, 3] array through flip, jitter, greyscale, blur and sol
 arithmetic of torchvision's PIL ops, OpenCV for the costly hue shift and blur); the conversion to float and
 normalisation happen once per batch on a stacked tensor (`normalize`).
 
+photometric_on=device (scale/data/photometric.py): the same up to the resized uint8 crop; the flip, jitter,
+greyscale, blur and solarize parameters are drawn here, from the same generator in the same order, and applied
+batched on the device.
+
 Every random choice comes from the `random.Random` passed in, so a sample's views depend only on its seed.
 """
 
@@ -33,6 +37,7 @@ from PIL import Image
 
 from scale.data import colour
 from scale.data.colour import gaussian_blur, solarize
+from scale.data.photometric import Draw, blur_taps
 from scale.errors import UserError
 
 INTERPOLATION = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR}
@@ -70,27 +75,34 @@ def random_resized_crop_box(rng: random.Random, width: int, height: int, scale, 
     return left, top, left + w, top + h
 
 
-def color_jitter(rgb: np.ndarray, rng: random.Random, strength) -> np.ndarray:
-    """torchvision ColorJitter(b, c, s, h) on uint8 [H, W, 3]: factors drawn first, then the four ops in a random
-    order, each computed as torchvision's PIL op computes it (scale/data/colour.py)."""
+def draw_jitter(rng: random.Random, strength) -> tuple[list, list]:
+    """torchvision ColorJitter(b, c, s, h).get_params from rng: the order of the four ops, then their factors."""
     b, c, s, h = strength
-    ops = [0, 1, 2, 3]
-    rng.shuffle(ops)
+    order = [0, 1, 2, 3]
+    rng.shuffle(order)
     factors = [
         rng.uniform(max(0.0, 1 - b), 1 + b),
         rng.uniform(max(0.0, 1 - c), 1 + c),
         rng.uniform(max(0.0, 1 - s), 1 + s),
         rng.uniform(-h, h),
     ]
-    for op in ops:
+    return order, factors
+
+
+def color_jitter(rgb: np.ndarray, order, factors, strength) -> np.ndarray:
+    """ColorJitter on uint8 [H, W, 3]: the four ops in `order`, each computed as torchvision's PIL op computes it
+    (scale/data/colour.py); an op of strength 0 is skipped, as torchvision skips it."""
+    for op in order:
         f = factors[op]
-        if op == 0 and b:
+        if not strength[op]:
+            continue
+        if op == 0:
             rgb = colour.brightness(rgb, f)
-        elif op == 1 and c:
+        elif op == 1:
             rgb = colour.contrast(rgb, f)
-        elif op == 2 and s:
+        elif op == 2:
             rgb = colour.saturation(rgb, f)
-        elif op == 3 and h:
+        else:
             rgb = colour.shift_hue(rgb, int(f * 255) % 256)
     return rgb
 
@@ -112,9 +124,11 @@ class CropSpec:
 
 
 class CropViews:
-    """multicrop and two_view: groups of crops, each crop flipped, jittered, greyed, blurred, solarized."""
+    """multicrop and two_view: groups of crops, each crop flipped, jittered, greyed, blurred, solarized, here
+    (photometric_on "cpu") or on the device (photometric_on "device": scale/data/photometric.py)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, photometric_on: str = "cpu"):
+        self.photometric_on = photometric_on
         n_global = cfg.n_global if cfg.kind == "multicrop" else 2
         if len(cfg.blur_p) < n_global or len(cfg.solarize_p) < n_global:
             raise UserError(f"data.views.blur_p and solarize_p need one entry per global view ({n_global})")
@@ -138,6 +152,7 @@ class CropViews:
         self.interpolation = cfg.interpolation
         self.flip_p, self.jitter, self.jitter_p = cfg.flip_p, tuple(cfg.color_jitter), cfg.color_jitter_p
         self.grayscale_p, self.blur_sigma = cfg.grayscale_p, tuple(cfg.blur_sigma)
+        self.blur_taps = blur_taps(max(self.blur_sigma))
 
     @property
     def views_per_group(self) -> list[int]:
@@ -176,16 +191,28 @@ class CropViews:
         scaled = (box[0] * scale[0], box[1] * scale[1], box[2] * scale[0], box[3] * scale[1])
         return np.array(img.resize((size, size), INTERPOLATION[self.interpolation], box=scaled))
 
-    def _augment(self, rgb: np.ndarray, spec: CropSpec, rng: random.Random) -> torch.Tensor:
-        if rng.random() < self.flip_p:
+    def draw(self, spec: CropSpec, rng: random.Random) -> Draw:
+        """One crop's photometric parameters, in the order the official pipeline draws them."""
+        flip = rng.random() < self.flip_p
+        order, factors = draw_jitter(rng, self.jitter) if rng.random() < self.jitter_p else (None, None)
+        grey = rng.random() < self.grayscale_p
+        sigma = rng.uniform(*self.blur_sigma) if rng.random() < spec.blur_p else None
+        return Draw(flip, order, factors, grey, sigma, rng.random() < spec.solarize_p)
+
+    def _augment(self, rgb: np.ndarray, spec: CropSpec, rng: random.Random):
+        """photometric_on=cpu: the augmented crop; device: the uint8 crop and its parameter row."""
+        d = self.draw(spec, rng)
+        if self.photometric_on == "device":
+            return torch.from_numpy(rgb).permute(2, 0, 1), d.row()
+        if d.flip:
             rgb = cv2.flip(rgb, 1)
-        if rng.random() < self.jitter_p:
-            rgb = color_jitter(rgb, rng, self.jitter)
-        if rng.random() < self.grayscale_p:
+        if d.order is not None:
+            rgb = color_jitter(rgb, d.order, d.factors, self.jitter)
+        if d.grey:
             rgb = colour.grayscale(rgb)
-        if rng.random() < spec.blur_p:
-            rgb = gaussian_blur(rgb, rng.uniform(*self.blur_sigma))
-        if rng.random() < spec.solarize_p:
+        if d.sigma is not None:
+            rgb = gaussian_blur(rgb, d.sigma)
+        if d.solarize:
             rgb = solarize(rgb)
         return torch.from_numpy(rgb).permute(2, 0, 1)
 
@@ -247,10 +274,10 @@ class SupervisedView:
                 random.setstate(python_state)
 
 
-def build_views(cfg):
-    """The view maker for data.views.kind."""
+def build_views(cfg, photometric_on: str = "cpu"):
+    """The view maker for data.views.kind; `photometric_on` (cpu | device, resolved) for the crop views."""
     if cfg.kind in ("multicrop", "two_view"):
-        return CropViews(cfg)
+        return CropViews(cfg, photometric_on)
     if cfg.kind == "eval":
         return EvalView(cfg)
     if cfg.kind == "supervised":

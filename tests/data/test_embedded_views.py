@@ -153,5 +153,6 @@ def test_bench_data_command_runs(tmp_path, capsys):
         )
         == 0
     )
-    assert "speedup" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "x official" in out and "photometric_on=device: CPU part" in out and "device part" in out
     assert main(["bench", "nothing"]) == 2

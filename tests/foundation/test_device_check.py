@@ -1,5 +1,6 @@
 """tools/device-check --dry-run: every stage of the GPU machine's check (environment, preflight, the GPU tests'
-CPU self-check, benchmarks of an eager and a compiled setting, a profiled step) runs on the CPU with tiny shapes,
+CPU self-check, benchmarks of an eager and a compiled setting, real JPEG shards against synthetic data, a profiled
+step) runs on the CPU with tiny shapes,
 and its summaries hold what each stage measured. The real mode differs only in its device, shapes and selection."""
 
 import importlib.machinery
@@ -65,7 +66,7 @@ def test_every_stage_passes_and_the_summary_is_printed_last(checked):
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     summary = (out / "summary.txt").read_text()
     assert proc.stdout.rstrip().endswith(summary.rstrip())  # the console's tail is the summary
-    for stage in ("env", "preflight", "tests", "bench", "profile"):
+    for stage in ("env", "preflight", "tests", "bench", "data", "profile"):
         assert f"  {stage}" in summary and (out / f"{stage}.log").is_file()
 
 
@@ -79,6 +80,7 @@ def test_the_summary_holds_each_stages_numbers(checked):
         "preflight": "ok",
         "tests": "ok",
         "bench": "ok",
+        "data": "ok",
         "profile": "ok",
     }
     env = stages["env"]["result"]
@@ -91,6 +93,9 @@ def test_the_summary_holds_each_stages_numbers(checked):
     assert [row["name"] for row in rows] == ["dino_tiny_eager", "mocov3_bn_tiny_compile"]
     assert all(row["images_per_s"] > 0 and row["flops_per_step"] > 0 for row in rows)
     assert rows[1]["compile_s"] > 0 and rows[0]["compile_s"] == 0
+    data = stages["data"]["result"]
+    assert data["images"] == 480 and data["workers"] == 2
+    assert data["real"] > 0 and data["synthetic"] > 0 and data["ratio"] == round(data["real"] / data["synthetic"], 3)
     assert stages["profile"]["result"]["step_ms"] > 0
 
 

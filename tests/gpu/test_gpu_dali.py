@@ -106,7 +106,7 @@ def test_print_dali_gpu_vs_torchvision_cpu_throughput(photos, capsys):
     gpu = bench_dali(views, photos, workers=1, images=256, device="gpu")
     with capsys.disabled():
         print(
-            f"\nDINO views of 64 px photos, 1 CPU worker/thread: torchvision CPU {cpu['ours_images_per_s']:.1f} "
+            f"\nDINO views of 64 px photos, 1 CPU worker/thread: torchvision CPU {cpu['cpu']['images_per_s']:.1f} "
             f"images/s, DALI {gpu['device']} {gpu['images_per_s']:.1f} images/s"
         )
     assert gpu["device"] == "gpu" and gpu["images"] > 0
