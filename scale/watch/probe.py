@@ -1,6 +1,7 @@
 """The online linear probe (solo-learn's online classifier): a linear layer on the detached backbone features of
 each training batch, with its own AdamW. The features are detached, so the backbone's gradients and update are
-the same with or without it; its gradients are averaged over the data-parallel group so that every rank keeps
+the same with or without it (its initialisation draws from a forked RNG, seeded alike on every rank: drop-path and the
+augmentations see the same random numbers); its gradients are averaged over the data-parallel group so that every rank keeps
 the same probe. Its accuracy on the batch (before its update) is a device tensor, read on log steps."""
 
 import torch
@@ -13,7 +14,9 @@ from torch import nn
 class OnlineProbe:
     def __init__(self, cfg: DictConfig, dim: int, num_classes: int, device: torch.device, group=None):
         self.group = group
-        self.head = nn.Linear(dim, num_classes).to(device)
+        with torch.random.fork_rng(devices=[]):  # built on the CPU: the CUDA RNG is not drawn from
+            torch.manual_seed(0)  # the same probe on every rank (the ranks' RNGs are seeded apart)
+            self.head = nn.Linear(dim, num_classes).to(device)
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def __call__(self, features: torch.Tensor, labels: torch.Tensor) -> dict:
