@@ -4,14 +4,17 @@ send again the steps it sent before; the recipe, its sources and the git commit 
 attach at the end; a tracker whose package is missing is a ConfigError naming the extra."""
 
 import importlib.util
+import json
 
 import pytest
 from omegaconf import OmegaConf
 
+from scale import faults
 from scale.config import load_recipe
-from scale.errors import ConfigError
+from scale.errors import PREEMPTED_EXIT_CODE, ConfigError
 from scale.rundir import RunDir
 from scale.trackers import Trackers, attach_artifacts, check_trackers
+from tests.helpers_run import TINY, run_train
 from tests.trackers.readback import mlflow_runs, wandb_attempts
 
 ALL = ["train.trackers=[tensorboard,wandb,mlflow]", "train.tracker.offline=true", "train.tracker.tags=[demo]"]
@@ -82,3 +85,21 @@ def test_an_unknown_or_missing_tracker_is_a_config_error_naming_the_extra(monkey
     check_trackers(load_recipe("demo/dino_tiny", ["train.trackers=[mlflow]"]))
     with pytest.raises(ConfigError, match=r"package 'wandb' is not installed: pip install 'scale\[trackers\]'"):
         check_trackers(recipe())
+
+
+@pytest.mark.slow  # two `scale train` launches of 2 processes
+def test_a_preempted_and_resumed_training_is_one_tracker_run(embedded_data, tmp_path):
+    overrides = [*TINY, *ALL[:2], "train.max_steps=6", "train.preempt_check_every=1"]
+    first = run_train(embedded_data, tmp_path, overrides, fault=faults.spec("preempt", 3))
+    assert first.returncode == PREEMPTED_EXIT_CODE, first.stderr[-3000:]
+    resumed = run_train(embedded_data, tmp_path, overrides)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    attempts = wandb_attempts(tmp_path)
+    assert len(attempts) == 2 and attempts[0]["id"] == attempts[1]["id"]  # rank 0 only, the same run resumed
+    assert [sorted(a["history"]) for a in attempts] == [[1, 2, 3], [4, 5, 6]]
+    client, runs = mlflow_runs(tmp_path)
+    assert len(runs) == 1
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")] == [1, 2, 3, 4, 5, 6]
+    jsonl = {row["step"]: row["loss"] for row in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
+    assert {s: attempts[s > 3]["history"][s]["loss"] for s in range(1, 7)} == pytest.approx(jsonl)

@@ -52,7 +52,9 @@ def trainer(group, run_dir, overrides=(), collapsed=False) -> Trainer:
 
 def alarms(run_dir) -> list[str]:
     """The alarm's lines in rank 0's log (the loop's logging set-up replaces pytest's capture)."""
-    return [line for line in (run_dir / "logs" / "rank0.log").read_text().splitlines() if "scale.watch.collapse" in line]
+    return [
+        line for line in (run_dir / "logs" / "rank0.log").read_text().splitlines() if "scale.watch.collapse" in line
+    ]
 
 
 def test_a_forced_collapse_warns_once_after_the_window(group, tmp_path, embedded_data, monkeypatch):

@@ -29,7 +29,10 @@ def group():
 def train(group, probe: bool, steps: int = 3) -> tuple[TrainStep, dict]:
     info, device = group
     info = as_parallel(info, device)
-    cfg = load_recipe("demo/dino_tiny", [*TINY, f"train.probe.enabled={str(probe).lower()}", "train.probe.lr=0.1", "model.drop_path=0.1"])
+    cfg = load_recipe(
+        "demo/dino_tiny",
+        [*TINY, f"train.probe.enabled={str(probe).lower()}", "train.probe.lr=0.1", "model.drop_path=0.1"],
+    )
     step = TrainStep(cfg, info, device, lambda: train_loader(cfg, info, device))
     batches = step.batches()
     for i in range(steps):
