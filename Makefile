@@ -22,7 +22,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -e '.[test,deepspeed,dali]'
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -e '.[test,deepspeed,dali,trackers]'
 	touch $(STAMP)
 
 venv-oldest: $(OLDEST_STAMP)
@@ -33,7 +33,7 @@ venv-oldest: $(OLDEST_STAMP)
 $(OLDEST_STAMP): setup.cfg pyproject.toml
 	test -d $(OLDEST_VENV) || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_BIN)/pip install --quiet --upgrade pip
-	DS_BUILD_OPS=0 $(OLDEST_BIN)/pip install --quiet $(OLDEST_TORCH) -e '.[test,deepspeed]'
+	DS_BUILD_OPS=0 $(OLDEST_BIN)/pip install --quiet $(OLDEST_TORCH) -e '.[test,deepspeed,trackers]'
 	touch $(OLDEST_STAMP)
 
 demo: $(STAMP)
