@@ -247,16 +247,32 @@ def _summary(before: dict, after: dict, bench_table: str | None, run_dir: Path, 
         "",
         f"Gain over random init: {after['top1'] - before['top1']:+.2f} points.",
         "",
+        "This k-NN embeds the whole train split with the final weights (eval resize and crop) and classifies the "
+        "val split (DINO's eval_knn). The k-NN monitor plotted below differs: during training, each step's "
+        "augmented training views are classified against a queue of earlier steps' features, computed by older "
+        "weights (MoCo v3's monitor), so it lags and reads lower or higher than this number.",
+        "",
     ]
     if speeds:
         ordered = sorted(speeds)
         lines += [
             "## Throughput",
             "",
-            f"Median {ordered[len(ordered) // 2]:.1f} images/s (global, {len(speeds)} logged steps; CPU, gloo).",
+            f"Median {ordered[len(ordered) // 2]:.1f} images/s over {len(speeds)} logged steps (as defined above; "
+            f"CPU, gloo).",
             "",
         ]
     if bench_table is not None:
-        lines += ["## Benchmark (`scale bench`)", "", "```", bench_table.rstrip(), "```", ""]
+        lines += [
+            "## Benchmark (`scale bench`)",
+            "",
+            "Its images/s are `scale bench`'s: the wall clock of whole steps (data wait included, the slowest "
+            "rank's) after warm-up, each engine separately, so they differ from the training run's.",
+            "",
+            "```",
+            bench_table.rstrip(),
+            "```",
+            "",
+        ]
     lines += [f"The whole demo took {seconds / 60:.1f} minutes.", ""]
     return lines

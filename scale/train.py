@@ -147,6 +147,7 @@ class Trainer:
             self.info.describe(),
             self.cfg.engine.kind,
         )
+        self.resumed_at = start or None  # marked on the first logged line (the report's loss plot shows it)
         batches = self.step.batches()
         bar = progress_bar(total=stop, initial=start, enabled=self.info.is_main, desc="train")
         self.heartbeat.bar = bar if self.info.is_main else None
@@ -230,6 +231,8 @@ class Trainer:
     def _log(self, step: int, record: dict) -> None:
         record.update(self.loader.metrics())
         record["epoch"] = epochs_done(step + 1, self.steps_per_epoch)  # as the checkpoint at this step records it
+        if self.resumed_at is not None:
+            record["resumed_at"], self.resumed_at = self.resumed_at, None
         self.metrics.log(step + 1, record)
         self.heartbeat.logged()
         self.collapse.check(step + 1, record)
