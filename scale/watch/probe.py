@@ -17,7 +17,8 @@ class OnlineProbe:
         with torch.random.fork_rng(devices=[]):  # built on the CPU: the CUDA RNG is not drawn from
             torch.manual_seed(0)  # the same probe on every rank (the ranks' RNGs are seeded apart)
             self.head = nn.Linear(dim, num_classes).to(device)
-        self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # fused: the step count stays on the device (the unfused step reads it on the host every step)
+        self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
 
     def __call__(self, features: torch.Tensor, labels: torch.Tensor) -> dict:
         with torch.enable_grad():

@@ -63,7 +63,7 @@ def test_demo_story_for_the_other_methods(method, tmp_path, capfd, monkeypatch):
     _assert_knn_reported(before, after, report.read_text(), moved=False)
     client, runs = mlflow_runs(run)
     assert len(runs) == 1
-    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")] == [1, 2, 3, 4]
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")] == steps
     artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id)}
     assert {"report", Path(after["weights"]).name} <= artifacts
 
