@@ -31,7 +31,8 @@ class Monitors:
         features, the k-NN accuracy every train.knn_monitor_every steps. Collectives."""
         if features is None:
             return {}
-        out = {"embedding_std": embedding_std(features)} if self.cfg.train.collapse.window_epochs else {}
+        spread = self.cfg.train.collapse.window_epochs and features.shape[0] > 1  # a std needs two samples
+        out = {"embedding_std": embedding_std(features)} if spread else {}
         if labels.dim() != 1:  # mixed (soft) labels: no class per sample
             return out
         if self.cfg.train.probe.enabled:
