@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from scale import faults
+from scale.cli import main as cli
 from scale.config import load_recipe
 from scale.errors import PREEMPTED_EXIT_CODE, ConfigError
 from scale.rundir import RunDir
@@ -85,6 +86,23 @@ def test_an_unknown_or_missing_tracker_is_a_config_error_naming_the_extra(monkey
     check_trackers(load_recipe("demo/dino_tiny", ["train.trackers=[mlflow]"]))
     with pytest.raises(ConfigError, match=r"package 'wandb' is not installed: pip install 'scale\[trackers\]'"):
         check_trackers(recipe())
+
+
+def test_scale_train_with_a_missing_tracker_package_exits_2_before_starting(tmp_path, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    args = [
+        "train",
+        "demo/dino_tiny",
+        "train.trackers=[mlflow]",
+        "--synthetic-data",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
+    code = cli(args)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("pip install 'scale[trackers]'") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow  # two `scale train` launches of 2 processes
