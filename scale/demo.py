@@ -23,6 +23,7 @@ from scale.eval.session import open_session, write_json
 from scale.launch.local import fresh_environment
 from scale.report import write_report
 from scale.rundir import read_metrics
+from scale.trackers import attach_artifacts, check_trackers
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,11 @@ def run_demo(
     steps: int | None = None,
     nproc: int = 2,
     bench: bool = True,
+    trackers: list[str] | None = None,
 ) -> Path:
-    """`bench`: step 5, the engine benchmark (a third of a short story's time); without it the report has none."""
+    """`bench`: step 5, the engine benchmark (a third of a short story's time); without it the report has none.
+    `trackers`: wandb and/or mlflow besides TensorBoard (train.trackers); the report and the exported weights
+    are attached to their run at the end."""
     if method not in STORIES:
         raise UserError(f"--method must be one of {', '.join(STORIES)}, got '{method}'")
     recipe, dataset, evaluated = STORIES[method]
@@ -113,6 +117,9 @@ def run_demo(
     env["OMP_NUM_THREADS"] = "1"
     env["KINETO_LOG_LEVEL"] = "5"  # the profiled benchmark step would print CUDA probe errors on a CPU machine
     overrides = [f"train.max_steps={steps}"] if steps else []
+    if trackers:
+        overrides.append(f"train.trackers=[{','.join(['tensorboard', *trackers])}]")
+        check_trackers(load_recipe(recipe, overrides))  # before the shards are built
     started = time.time()
 
     say(f"1/6 building WebDataset shards of the embedded '{dataset}' images under {data_root}")
@@ -140,6 +147,7 @@ def run_demo(
     say("6/6 writing the report")
     summary = _summary(before, after, bench_table, run_dir, time.time() - started) + _attention_note(pictures)
     report = write_report([run_dir], run_dir / "report", title=f"scale demo: {method}", extra_sections=summary)
+    attach_artifacts(run_dir, [report.parent, weights])
     say(f"k-NN top-1: random init {before['top1']:.1f}% -> trained {after['top1']:.1f}%")
     say(f"report: {report}")
     return report
@@ -239,16 +247,32 @@ def _summary(before: dict, after: dict, bench_table: str | None, run_dir: Path, 
         "",
         f"Gain over random init: {after['top1'] - before['top1']:+.2f} points.",
         "",
+        "This k-NN embeds the whole train split with the final weights (eval resize and crop) and classifies the "
+        "val split (DINO's eval_knn). The k-NN monitor plotted below differs: during training, each step's "
+        "augmented training views are classified against a queue of earlier steps' features, computed by older "
+        "weights (MoCo v3's monitor), so it lags and reads lower or higher than this number.",
+        "",
     ]
     if speeds:
         ordered = sorted(speeds)
         lines += [
             "## Throughput",
             "",
-            f"Median {ordered[len(ordered) // 2]:.1f} images/s (global, {len(speeds)} logged steps; CPU, gloo).",
+            f"Median {ordered[len(ordered) // 2]:.1f} images/s over {len(speeds)} logged steps (as defined above; "
+            f"CPU, gloo).",
             "",
         ]
     if bench_table is not None:
-        lines += ["## Benchmark (`scale bench`)", "", "```", bench_table.rstrip(), "```", ""]
+        lines += [
+            "## Benchmark (`scale bench`)",
+            "",
+            "Its images/s are `scale bench`'s: the wall clock of whole steps (data wait included, the slowest "
+            "rank's) after warm-up, each engine separately, so they differ from the training run's.",
+            "",
+            "```",
+            bench_table.rstrip(),
+            "```",
+            "",
+        ]
     lines += [f"The whole demo took {seconds / 60:.1f} minutes.", ""]
     return lines

@@ -14,12 +14,18 @@ from omegaconf import OmegaConf  # noqa: E402
 from scale.errors import UserError  # noqa: E402
 from scale.rundir import RunDir, read_metrics  # noqa: E402
 
-PLOTS = {
-    "loss": ("loss", "training loss"),
-    "knn": ("knn_monitor_top1", "k-NN monitor top-1 (%)"),
-    "val": ("val_top1", "validation top-1 (%)"),
-    "throughput": ("images_per_s", "images/s (global)"),
+PLOTS = {  # file stem -> (metric, y label, title)
+    "loss": ("loss", "training loss", "Training loss"),
+    "knn": ("knn_monitor_top1", "k-NN monitor top-1 (%)", "k-NN monitor during training (training features)"),
+    "probe": ("probe_top1", "online probe top-1 (%)", "Online linear probe on the training batches"),
+    "val": ("val_top1", "validation top-1 (%)", "Validation top-1"),
+    "throughput": ("images_per_s", "images/s (as defined above)", "Training throughput"),
 }
+# the one definition of the report's images/s; every other images/s figure says how it differs
+IMAGES_PER_S = (
+    "**images/s**: the global batch (all ranks) divided by the time of one training step's forward, backward and "
+    "optimizer update on rank 0, data loading and monitors excluded, as metrics.jsonl logs it per step."
+)
 
 
 def load_run(path: str | Path) -> dict:
@@ -37,8 +43,9 @@ def load_run(path: str | Path) -> dict:
     }
 
 
-def plot_series(runs: list[dict], key: str, ylabel: str, out: Path) -> Path | None:
-    """One line per run of metric `key` against the step; None when no run logged it."""
+def plot_series(runs: list[dict], key: str, ylabel: str, out: Path, title: str = "") -> Path | None:
+    """One line per run of metric `key` against the step, with each resume (`resumed_at` in metrics.jsonl) marked
+    on the loss plot; None when no run logged it."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
     drawn = False
     for run in runs:
@@ -47,9 +54,12 @@ def plot_series(runs: list[dict], key: str, ylabel: str, out: Path) -> Path | No
             steps, values = zip(*points)
             ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=run["config"].meta.name)
             drawn = True
+            for resumed in (m["resumed_at"] for m in run["metrics"] if key == "loss" and "resumed_at" in m):
+                ax.axvline(resumed, color="grey", linestyle="--", label=f"resumed from the step {resumed} checkpoint")
     if not drawn:
         plt.close(fig)
         return None
+    ax.set_title(title or ylabel)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -112,7 +122,7 @@ def markdown_table(runs: list[dict]) -> str:
     """Paper-reported numbers (meta.reported) next to what the run measured."""
     lines = [
         "| recipe | paper | table | row | reported | measured k-NN top-1 | measured val top-1 | final loss | "
-        "images/s |",
+        "images/s (last logged step) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
@@ -148,12 +158,12 @@ def write_report(
     runs = [load_run(p) for p in run_dirs]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    parts = [f"# {title}", "", markdown_table(runs), ""] + protocol_table(runs)
+    parts = [f"# {title}", "", markdown_table(runs), "", IMAGES_PER_S, ""] + protocol_table(runs)
     parts += extra_sections or []
-    for name, (key, label) in PLOTS.items():
-        png = plot_series(runs, key, label, out_dir / f"{name}.png")
+    for name, (key, label, plot_title) in PLOTS.items():
+        png = plot_series(runs, key, label, out_dir / f"{name}.png", plot_title)
         if png:
-            parts += [f"![{label}]({png.name})", ""]
+            parts += [f"![{plot_title}]({png.name})", ""]
     parts += copy_pictures(runs, out_dir)
     report = out_dir / "report.md"
     report.write_text("\n".join(parts))

@@ -4,13 +4,11 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from scale.errors import ConfigError
-from scale.extras import available
 
 LOG_FORMAT = "%(asctime)s [rank %(rank)d] %(levelname)s %(name)s: %(message)s"
 
@@ -76,36 +74,6 @@ def setup_logging(run_dir: RunDir | None, rank: int, level: int = logging.INFO) 
     for handler in handlers:
         handler.addFilter(_RankFilter(rank))
         root.addHandler(handler)
-
-
-class MetricsWriter:
-    """Rank 0 appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard where it is
-    installed (scale[trackers]): metrics.jsonl is the record that scale itself reads."""
-
-    def __init__(self, run_dir: RunDir, enabled: bool):
-        self.enabled = enabled
-        self._file = open(run_dir.metrics, "a") if enabled else None
-        self._tb = None
-        if enabled and available("tensorboard"):
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir.tensorboard))
-
-    def write(self, step: int, metrics: dict) -> None:
-        if not self.enabled:
-            return
-        record = {"step": step, "time": time.time(), **metrics}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        for key, value in metrics.items():
-            if self._tb is not None and isinstance(value, (int, float)):
-                self._tb.add_scalar(key, value, step)
-
-    def close(self) -> None:
-        if self.enabled:
-            self._file.close()
-        if self._tb is not None:
-            self._tb.close()
 
 
 def epochs_done(steps_done: int, steps_per_epoch: int) -> float:

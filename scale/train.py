@@ -22,8 +22,11 @@ from scale.methods import has_class_head
 from scale.preemption import Preemption
 from scale.progress import progress_bar
 from scale.resume import check_resumable
-from scale.rundir import MetricsWriter, RunDir, epochs_done, setup_logging
+from scale.rundir import RunDir, epochs_done, setup_logging
 from scale.step import NonFiniteStep, TrainStep, read_record
+from scale.trackers import Trackers, check_trackers
+from scale.watch.collapse import CollapseAlarm
+from scale.watch.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     run = RunDir(run_dir or Path("runs") / cfg.meta.name)
     spawning = nproc > 1 and not already_launched()
     check_launch(cfg, nproc if spawning else detect().world_size, data=not synthetic)
+    check_trackers(cfg)
     run.check_writable()
     check_resumable(run, cfg)
     if cfg.train.init_weights and not CheckpointStore(run.checkpoints).candidates():  # a fresh run loads them
@@ -102,19 +106,23 @@ class Trainer:
         validation = validates(cfg, synthetic)
         self.validation = Validation(cfg, info, device, run.root / "eval" / "val.json") if validation else None
         fresh = not CheckpointStore(run.checkpoints).candidates()
+        self.heartbeat = Heartbeat(run.root, info.is_main)
         self.step = TrainStep(
             cfg,
             info,
             device,
             (lambda: synthetic_loader(cfg, info)) if synthetic else (lambda: train_loader(cfg, info, device)),
             init_weights=cfg.train.init_weights if fresh else "",
+            phase=self.heartbeat.phase_of,
         )
         self.engine, self.method, self.loader = self.step.engine, self.step.method, self.step.loader
         self.steps_per_epoch, self.total_steps = self.step.steps_per_epoch, self.step.total_steps
         self.checkpointer = Checkpointer(
             run.checkpoints, cfg, info, self.engine, self.method, self.loader, self.step.monitors
         )
-        self.metrics = MetricsWriter(run, info.is_main)
+        self.metrics = Trackers(cfg, run.root, info.is_main)
+        out_dim = cfg.method.dino.out_dim if cfg.method.kind in ("dino", "esvit") else None
+        self.collapse = CollapseAlarm(cfg, self.steps_per_epoch, out_dim, info.dp_group)
         self.preemption = Preemption(list(cfg.train.preempt_signals), info.dp_group)
         self.unread_keys: dict[int, list[str]] = {}  # this rank's sample keys of the steps since the guard's last read
 
@@ -139,10 +147,14 @@ class Trainer:
             self.info.describe(),
             self.cfg.engine.kind,
         )
+        self.resumed_at = start or None  # marked on the first logged line (the report's loss plot shows it)
         batches = self.step.batches()
         bar = progress_bar(total=stop, initial=start, enabled=self.info.is_main, desc="train")
+        self.heartbeat.bar = bar if self.info.is_main else None
+        ended = "stopped"
         try:
             for step in range(start, stop):
+                self.heartbeat.begin_step(step)
                 batch, data_wait = self.step.next_batch(batches)
                 self.unread_keys[step] = batch.keys
                 try:
@@ -168,14 +180,20 @@ class Trainer:
                 maybe_inject("step", done)
                 maybe_inject("preempt", done)
                 if preempt_check and self.preemption.requested():
+                    self.heartbeat.enter("checkpoint")
                     self.checkpointer.save(done)
+                    ended = "preempted"
                     return PREEMPTED_EXIT_CODE
                 if save:
+                    self.heartbeat.enter("checkpoint")
                     self.checkpointer.save(done)
             if start < stop or not self.checkpointer.has(stop):
                 self.check_finite()
+                self.heartbeat.enter("checkpoint")
                 self.checkpointer.save(stop)
+            ended = "finished"
         finally:
+            self.heartbeat.close(ended)
             bar.close()
             self.metrics.close()
             self.checkpointer.close()
@@ -213,4 +231,8 @@ class Trainer:
     def _log(self, step: int, record: dict) -> None:
         record.update(self.loader.metrics())
         record["epoch"] = epochs_done(step + 1, self.steps_per_epoch)  # as the checkpoint at this step records it
-        self.metrics.write(step + 1, record)
+        if self.resumed_at is not None:
+            record["resumed_at"], self.resumed_at = self.resumed_at, None
+        self.metrics.log(step + 1, record)
+        self.heartbeat.logged()
+        self.collapse.check(step + 1, record)

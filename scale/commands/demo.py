@@ -1,4 +1,4 @@
-"""scale demo [--method dino|esvit|mocov3|drloc] [--run-dir DIR] [--steps N] [--no-bench]"""
+"""scale demo [--method dino|esvit|mocov3|drloc] [--run-dir DIR] [--steps N] [--no-bench] [--tracker NAME]..."""
 
 
 def register(sub) -> None:
@@ -8,6 +8,13 @@ def register(sub) -> None:
     parser.add_argument("--steps", type=int, help="train this many steps instead of the recipe's epochs")
     parser.add_argument("--nproc", type=int, default=2, help="CPU processes (gloo)")
     parser.add_argument("--no-bench", dest="bench", action="store_false", help="skip the engine benchmark (step 5)")
+    parser.add_argument(
+        "--tracker",
+        dest="trackers",
+        action="append",
+        default=[],
+        help="also log to wandb or mlflow (repeatable; README 'Tracking runs'); offline with WANDB_MODE=offline",
+    )
     parser.set_defaults(func=cmd_demo)
 
 
@@ -18,5 +25,5 @@ def cmd_demo(args) -> int:
         require("demo", module, "scale demo")
     from scale.demo import run_demo
 
-    run_demo(args.method, args.run_dir, args.steps, args.nproc, args.bench)
+    run_demo(args.method, args.run_dir, args.steps, args.nproc, args.bench, args.trackers)
     return 0

@@ -8,6 +8,8 @@ from scale.data.config import DataConfig
 from scale.engine.config import EngineConfig, OptimConfig
 from scale.methods.config import MethodConfig
 from scale.models.config import ModelConfig
+from scale.trackers.config import TrackerConfig
+from scale.watch.config import CollapseConfig, ProbeConfig
 
 
 @dataclass
@@ -44,6 +46,12 @@ class TrainConfig:
     # an exported backbone (`scale ckpt export`, .safetensors or torch) that initialises the student's (and the
     # teacher's) backbone of a fresh run: fine-tuning and transfer rows; ignored when the run resumes
     init_weights: str = ""
+    # experiment trackers besides metrics.jsonl (always): tensorboard | wandb | mlflow (README 'Tracking runs')
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)  # the collapse alarm (README 'Watching a run')
+    stop_on_collapse: bool = False  # stop the run (exit 1, named reason) instead of one warning
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
 
 @dataclass

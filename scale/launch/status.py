@@ -7,12 +7,14 @@ pointer give empty fields, never an error.
 import json
 import re
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 
 from scale.launch import slurm
+from scale.watch.heartbeat import EVERY_S, read_heartbeat
 
 RATE_WINDOW = 20  # metrics lines the throughput and ETA are averaged over
 
@@ -31,6 +33,13 @@ class RunStatus:
     checkpoint_step: int | None = None
     job_id: str | None = None
     slurm: dict | None = None
+    # from rank 0's heartbeat.json (scale.watch.heartbeat): the step running, its phase and for how long, the
+    # heartbeat's age (a run whose heartbeat stopped is not alive), seconds since the last metrics line
+    running_step: int | None = None
+    phase: str | None = None
+    phase_s: float | None = None
+    heartbeat_age_s: float | None = None
+    since_log_s: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -132,6 +141,7 @@ def run_status(run_dir: str | Path, query_slurm: bool = True) -> RunStatus:
                 status.eta_s = 0.0
             elif status.steps_per_s:
                 status.eta_s = remaining / status.steps_per_s
+    read_live(status, root, records)
     status.last_checkpoint = last_checkpoint(root / "checkpoints")
     if status.last_checkpoint is not None:
         status.checkpoint_step = _step_of(status.last_checkpoint)
@@ -139,6 +149,31 @@ def run_status(run_dir: str | Path, query_slurm: bool = True) -> RunStatus:
     if query_slurm and status.job_id is not None:
         status.slurm = slurm.job_state(status.job_id)
     return status
+
+
+def read_live(status: RunStatus, root: Path, records: list[dict]) -> None:
+    """The heartbeat's fields, and the time since the last metrics line."""
+    now = time.time()
+    if records and isinstance(records[-1].get("time"), (int, float)):
+        status.since_log_s = max(now - records[-1]["time"], 0.0)
+    beat = read_heartbeat(root)
+    if beat is None or not all(isinstance(beat.get(k), (int, float)) for k in ("step", "phase_since", "time")):
+        return
+    status.running_step, status.phase = int(beat["step"]), str(beat.get("phase"))
+    status.phase_s = max(now - beat["phase_since"], 0.0)
+    status.heartbeat_age_s = max(now - beat["time"], 0.0)
+
+
+def phase_text(status: RunStatus) -> str:
+    """'backward for 00:02:10 (step 41)', or how the run ended, or how long ago a dead run's heartbeat stopped."""
+    if status.phase is None:
+        return "-"
+    if status.phase in ("finished", "preempted", "stopped"):
+        return status.phase
+    text = f"{status.phase} for {_duration(status.phase_s)} (step {status.running_step})"
+    if status.heartbeat_age_s is not None and status.heartbeat_age_s > 10 * EVERY_S:
+        text += f"; no heartbeat for {_duration(status.heartbeat_age_s)}: not running?"
+    return text
 
 
 def sweep_tasks(run_dir: str | Path) -> list[Path]:
@@ -184,6 +219,8 @@ def summary_row(status: RunStatus) -> dict[str, str]:
         "loss": num(status.loss, ".4f"),
         "images/s": num(status.images_per_s, ".1f"),
         "eta": _duration(status.eta_s),
+        "phase": phase_text(status),
+        "last log": "-" if status.since_log_s is None else f"{_duration(status.since_log_s)} ago",
         "checkpoint": status.last_checkpoint or "-",
         "job": status.job_id or "-",
         "slurm": slurm_state,

@@ -2,11 +2,13 @@
 report with plots."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from scale.demo import run_demo
 from scale.rundir import read_metrics
+from tests.trackers.readback import mlflow_runs
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
@@ -43,9 +45,10 @@ def test_demo_story_end_to_end(tmp_path, capfd, monkeypatch):
 
 @pytest.mark.parametrize("method", ["mocov3", "esvit", "drloc"])
 def test_demo_story_for_the_other_methods(method, tmp_path, capfd, monkeypatch):
-    """Without the engine benchmark (the DINO story runs it; it is the same `scale bench` for every method)."""
+    """Without the engine benchmark (the DINO story runs it; it is the same `scale bench` for every method); with
+    MLflow (its file store in the run directory), which gets the report and the exported weights at the end."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    report = run_demo(method, tmp_path, steps=4, nproc=2, bench=False)
+    report = run_demo(method, tmp_path, steps=4, nproc=2, bench=False, trackers=["mlflow"])
     out = capfd.readouterr().out
     run = tmp_path / method
     assert report == run / "report" / "report.md" and f"scale demo: {method}" in report.read_text()
@@ -58,6 +61,11 @@ def test_demo_story_for_the_other_methods(method, tmp_path, capfd, monkeypatch):
     after = json.loads((run / "eval" / "knn_after.json").read_text())
     # four steps inside the first warm-up epoch barely move a momentum teacher: its k-NN numbers may not change
     _assert_knn_reported(before, after, report.read_text(), moved=False)
+    client, runs = mlflow_runs(run)
+    assert len(runs) == 1
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")] == steps
+    artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id)}
+    assert {"report", Path(after["weights"]).name} <= artifacts
 
 
 def _assert_knn_reported(before: dict, after: dict, report: str, moved: bool = True) -> None:

@@ -17,7 +17,6 @@ from scale.cli import main
 from scale.config import list_recipes, load_recipe, recipe_name
 from scale.extras import MissingExtra, require
 from scale.resources import recipes_dir, slurm_template
-from scale.rundir import MetricsWriter, RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = Path(scale.__file__).parent
@@ -32,7 +31,7 @@ EXTRA_MODULES = {
 }
 # DALI's graph and loader are imported only after scale.data.dali.require_dali() has named the extra
 AFTER_REQUIRE = {"scale.data.dali.pipeline", "scale.data.dali.loader"}
-BLOCKED = ["sklearn", "skimage", "matplotlib", "tensorboard", "deepspeed", "nvidia.dali"]
+BLOCKED = ["sklearn", "skimage", "matplotlib", "wandb", "mlflow", "deepspeed", "nvidia.dali"]
 
 
 def test_shipped_recipes_and_template_are_package_resources(monkeypatch):
@@ -88,16 +87,6 @@ def test_demo_without_its_extra_is_exit_2_naming_it(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert "pip install 'scale[demo]'" in err and "Traceback" not in err
     assert not (tmp_path / "demo").exists()  # refused before any work
-
-
-def test_metrics_without_tensorboard_still_write_jsonl(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorboard", None)
-    run = RunDir(tmp_path).create()
-    writer = MetricsWriter(run, enabled=True)
-    writer.write(1, {"loss": 2.5})
-    writer.close()
-    assert json.loads(run.metrics.read_text())["loss"] == 2.5
-    assert list(run.tensorboard.iterdir()) == []
 
 
 # imports every scale module with the extras' libraries blocked; prints {module: error} for those that failed

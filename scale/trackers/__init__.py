@@ -1,0 +1,142 @@
+"""Where a run's metrics go: metrics.jsonl always, and the experiment trackers the recipe names in
+`train.trackers` (TensorBoard, Weights & Biases, MLflow) behind one interface (scale.trackers.sink), on rank 0
+only. Each tracker's run id is kept in <run>/trackers.json with the last step it received, so that a requeued job
+appends to the same tracker run and a step logged before a crash and logged again after the resume (from an
+older checkpoint) is sent once. README 'Tracking runs'."""
+
+import importlib
+import importlib.util
+import json
+import logging
+import subprocess
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from scale.errors import ConfigError
+from scale.trackers.jsonl import JsonlSink
+
+log = logging.getLogger(__name__)
+
+SINKS = {  # train.trackers name -> class (module:name)
+    "tensorboard": "scale.trackers.tensorboard:TensorBoardSink",
+    "wandb": "scale.trackers.wandb_run:WandbSink",
+    "mlflow": "scale.trackers.mlflow_run:MlflowSink",
+}
+STATE_FILE = "trackers.json"
+
+
+def sink_class(name: str):
+    module, _, attr = SINKS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def check_trackers(cfg: DictConfig) -> None:
+    """Before any rank starts: known names, and their packages installed (without importing them)."""
+    for name in cfg.train.trackers:
+        if name not in SINKS:
+            raise ConfigError(f"train.trackers: '{name}' is not one of: {', '.join(SINKS)}")
+        package = sink_class(name).package
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"train.trackers names {name}, whose package '{package}' is not installed: "
+                f"pip install 'scale[trackers]'"
+            )
+
+
+def git_commit() -> str | None:
+    """The commit of the scale checkout that runs (None when it is not a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def run_config(cfg: DictConfig, root: Path) -> dict:
+    """What the trackers record as the run's config: the resolved recipe (with its `sources` block, where each
+    stated value comes from), the git commit and the run directory."""
+    recipe = OmegaConf.to_container(cfg, resolve=True)
+    return {**recipe, "scale": {"git_commit": git_commit(), "run_dir": str(root.resolve())}}
+
+
+def tracker_settings(cfg: DictConfig) -> DictConfig:
+    """train.tracker with its defaults filled in from meta."""
+    settings = cfg.train.tracker.copy()
+    settings.project = settings.project or cfg.meta.paper or "scale"
+    settings.name = settings.name or cfg.meta.name
+    return settings
+
+
+class TrackerState:
+    """<run>/trackers.json: {"ids": {tracker: run id}, "last_step": the last step the trackers received}."""
+
+    def __init__(self, root: Path):
+        self.path = root / STATE_FILE
+        saved = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.ids: dict[str, str] = saved.get("ids", {})
+        self.last_step: int = saved.get("last_step", 0)
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"ids": self.ids, "last_step": self.last_step}))
+        tmp.replace(self.path)
+
+
+def open_sinks(cfg: DictConfig, root: Path, state: TrackerState) -> dict:
+    settings, config = tracker_settings(cfg), run_config(cfg, root)
+    sinks = {}
+    for name in cfg.train.trackers:
+        sinks[name] = sink_class(name)(settings, root, state.ids.get(name), config)
+        if sinks[name].run_id is not None:
+            state.ids[name] = sinks[name].run_id
+    state.save()
+    return sinks
+
+
+class Trackers:
+    """The loop's one metrics writer: `log(step, record)` on log steps, `close()` at the end; a no-op off rank 0."""
+
+    def __init__(self, cfg: DictConfig, root: Path, enabled: bool):
+        self.enabled = enabled
+        if not enabled:
+            return
+        self.jsonl = JsonlSink(root / "metrics.jsonl")
+        self.state = TrackerState(root)
+        self.sinks = open_sinks(cfg, root, self.state)
+        self.replayed = False
+
+    def log(self, step: int, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.jsonl.log(step, record)
+        if step <= self.state.last_step:
+            if not self.replayed:
+                log.info("trackers: steps up to %d were sent before this resume; not sent again", self.state.last_step)
+                self.replayed = True
+            return
+        scalars = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for sink in self.sinks.values():
+            sink.log(step, scalars)
+        self.state.last_step = step
+        self.state.save()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.jsonl.close()
+            for sink in self.sinks.values():
+                sink.close()
+
+
+def attach_artifacts(root: Path, paths: list[Path]) -> None:
+    """Reopen the trackers of the finished run in `root` (its config.yaml and trackers.json) and attach files or
+    folders to their runs: the report's plots, exported weights."""
+    cfg = OmegaConf.load(root / "config.yaml")
+    if not cfg.train.trackers:
+        return
+    sinks = open_sinks(cfg, root, TrackerState(root))
+    for sink in sinks.values():
+        sink.attach([Path(p) for p in paths])
+        sink.close()

@@ -1,0 +1,60 @@
+"""MLflow: one MLflow run per scale run, reopened by id after a requeue. Without `train.tracker.tracking_uri` the
+store is a folder, <run>/mlruns (`mlflow ui --backend-store-uri <run>/mlruns`): no server, no network."""
+
+import os
+import re
+import time
+from pathlib import Path
+
+from scale.trackers.sink import Sink
+
+PARAMS_PER_CALL = 100  # MLflow's limit per log_batch
+
+
+def flat(tree, prefix: str = "") -> dict[str, str]:
+    """{dotted key: value} of a nested dict (MLflow params are flat strings)."""
+    if not isinstance(tree, dict):
+        return {re.sub(r"[^\w\-. /]", "_", prefix[:-1]): str(tree)}  # the characters MLflow accepts in a key
+    return {k: v for key, value in tree.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+
+
+class MlflowSink(Sink):
+    package = "mlflow"
+
+    def __init__(self, settings, root: Path, run_id: str | None, config: dict):
+        from mlflow import MlflowClient
+        from mlflow.entities import Param, RunStatus
+
+        uri = settings.tracking_uri or (root / "mlruns").resolve().as_uri()
+        if uri.startswith("file:"):  # MLflow 3 keeps the file store behind this switch (no SQLAlchemy needed)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
+        if run_id is None:
+            experiment = self.client.get_experiment_by_name(settings.project)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(settings.project)
+            tags = {tag: "" for tag in settings.tags}
+            commit = config["scale"].get("git_commit")
+            tags.update({"mlflow.source.git.commit": commit} if commit else {})
+            run_id = self.client.create_run(experiment_id, run_name=settings.name, tags=tags).info.run_id
+            params = [Param(k, v[:6000]) for k, v in flat(config).items()]
+            for start in range(0, len(params), PARAMS_PER_CALL):
+                self.client.log_batch(run_id, params=params[start : start + PARAMS_PER_CALL])
+        else:
+            self.client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+        self.run_id = run_id
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in scalars.items()])
+
+    def attach(self, paths: list[Path]) -> None:
+        for path in paths:
+            if path.is_dir():
+                self.client.log_artifacts(self.run_id, str(path), path.name)
+            else:
+                self.client.log_artifact(self.run_id, str(path))
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)

@@ -1,0 +1,26 @@
+"""What every experiment tracker implements (scale.trackers.Trackers fans a run's records out to them)."""
+
+from pathlib import Path
+
+
+class Sink:
+    """A tracker's run. Built with the recipe's `train.tracker` settings, the run directory, the id of the run a
+    previous attempt of this run created (None: create one) and the run's config (recipe, sources, git commit)."""
+
+    package = ""  # what is imported: a missing one is a ConfigError naming the `trackers` extra
+    run_id: str | None = None  # saved in <run>/trackers.json and passed back on resume
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def attach(self, paths: list[Path]) -> None:
+        """Files or folders made after training (report, exported weights)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def files_of(paths: list[Path]) -> list[Path]:
+    """The files of `paths`, folders expanded."""
+    return [f for p in paths for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])]

@@ -1,0 +1,123 @@
+"""The trackers behind scale.trackers.Trackers, with the real packages offline: every sink receives each step
+once; a run reopened in the same run directory (a requeue) appends to the same W&B and MLflow run and does not
+send again the steps it sent before; the recipe, its sources and the git commit are the run's config; artifacts
+attach at the end; a tracker whose package is missing is a ConfigError naming the extra."""
+
+import importlib.util
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from scale import faults
+from scale.cli import main as cli
+from scale.config import load_recipe
+from scale.errors import PREEMPTED_EXIT_CODE, ConfigError
+from scale.rundir import RunDir
+from scale.trackers import Trackers, attach_artifacts, check_trackers
+from tests.helpers_run import TINY, run_train
+from tests.trackers.readback import mlflow_runs, wandb_attempts
+
+ALL = ["train.trackers=[tensorboard,wandb,mlflow]", "train.tracker.offline=true", "train.tracker.tags=[demo]"]
+
+
+def recipe(overrides=()):
+    return load_recipe("demo/dino_tiny", [*ALL, *overrides])
+
+
+def attempt(cfg, root, steps) -> None:
+    trackers = Trackers(cfg, root, enabled=True)
+    for step in steps:
+        trackers.log(step, {"loss": 1.0 / step, "epoch": step / 10, "flag": True, "note": "text"})
+    trackers.close()
+
+
+def tensorboard_steps(root) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(root / "tensorboard"))
+    events.Reload()
+    return [e.step for e in events.Scalars("loss")]
+
+
+@pytest.mark.slow  # W&B starts its service process
+def test_a_requeued_run_appends_to_the_same_tracker_runs_once_per_step(tmp_path):
+    cfg = recipe()
+    RunDir(tmp_path).create()
+    OmegaConf.save(cfg, tmp_path / "config.yaml")
+    attempt(cfg, tmp_path, [1, 2, 3])
+    attempt(cfg, tmp_path, [2, 3, 4, 5])  # resumed from step 1's checkpoint: 2 and 3 were sent already
+
+    first, second = wandb_attempts(tmp_path)
+    assert first["id"] == second["id"]
+    assert sorted(first["history"]) == [1, 2, 3] and sorted(second["history"]) == [4, 5]
+    assert first["history"][3]["loss"] == pytest.approx(1 / 3)
+    assert "flag" not in first["history"][3] and "note" not in first["history"][3]  # scalars only
+    assert first["config"]["meta"]["name"] == cfg.meta.name
+    assert "sources" in first["config"] and first["config"]["scale"]["git_commit"]
+
+    client, runs = mlflow_runs(tmp_path)
+    assert len(runs) == 1
+    run = runs[0]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4, 5]
+    assert run.data.params["meta.name"] == cfg.meta.name
+    assert run.data.tags["mlflow.source.git.commit"] == first["config"]["scale"]["git_commit"]
+    assert "demo" in run.data.tags and run.info.experiment_id
+    assert run.info.status == "FINISHED"
+
+    assert tensorboard_steps(tmp_path) == [1, 2, 3, 4, 5]
+    jsonl = RunDir(tmp_path).metrics.read_text().splitlines()
+    assert len(jsonl) == 7  # metrics.jsonl keeps every line written, as before
+
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "report.md").write_text("# report")
+    attach_artifacts(tmp_path, [tmp_path / "report"])
+    client, runs = mlflow_runs(tmp_path)
+    assert [a.path for a in client.list_artifacts(runs[0].info.run_id, "report")] == ["report/report.md"]
+    assert wandb_attempts(tmp_path)[-1]["id"] == first["id"]
+    assert wandb_attempts(tmp_path)[-1]["artifacts"] == [f"{first['id']}-outputs"]
+
+
+def test_an_unknown_or_missing_tracker_is_a_config_error_naming_the_extra(monkeypatch):
+    with pytest.raises(ConfigError, match="'neptune' is not one of: tensorboard, wandb, mlflow"):
+        check_trackers(load_recipe("demo/dino_tiny", ["train.trackers=[neptune]"]))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    check_trackers(load_recipe("demo/dino_tiny", ["train.trackers=[mlflow]"]))
+    with pytest.raises(ConfigError, match=r"package 'wandb' is not installed: pip install 'scale\[trackers\]'"):
+        check_trackers(recipe())
+
+
+def test_scale_train_with_a_missing_tracker_package_exits_2_before_starting(tmp_path, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    args = [
+        "train",
+        "demo/dino_tiny",
+        "train.trackers=[mlflow]",
+        "--synthetic-data",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
+    code = cli(args)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("pip install 'scale[trackers]'") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow  # two `scale train` launches of 2 processes
+def test_a_preempted_and_resumed_training_is_one_tracker_run(embedded_data, tmp_path):
+    overrides = [*TINY, *ALL[:2], "train.max_steps=6", "train.preempt_check_every=1"]
+    first = run_train(embedded_data, tmp_path, overrides, fault=faults.spec("preempt", 3))
+    assert first.returncode == PREEMPTED_EXIT_CODE, first.stderr[-3000:]
+    resumed = run_train(embedded_data, tmp_path, overrides)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    attempts = wandb_attempts(tmp_path)
+    assert len(attempts) == 2 and attempts[0]["id"] == attempts[1]["id"]  # rank 0 only, the same run resumed
+    assert [sorted(a["history"]) for a in attempts] == [[1, 2, 3], [4, 5, 6]]
+    client, runs = mlflow_runs(tmp_path)
+    assert len(runs) == 1
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")] == [1, 2, 3, 4, 5, 6]
+    jsonl = {row["step"]: row["loss"] for row in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
+    assert {s: attempts[s > 3]["history"][s]["loss"] for s in range(1, 7)} == pytest.approx(jsonl)
