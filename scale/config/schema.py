@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Any
 
-from scale.config.fields import at_least, choice, within
+from scale.config.fields import FIXED, NOTED, at_least, choice, plain, within
 from scale.data.config import DataConfig
 from scale.engine.config import EngineConfig, OptimConfig
 from scale.methods.config import MethodConfig
@@ -23,11 +23,12 @@ class MetaConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = at_least(100, 1)
-    global_batch: int = at_least(1024, 1)
-    samples_per_epoch: int | None = at_least(None, 1)  # None: the train manifest's sample count
+    epochs: int = at_least(100, 1, resume=NOTED)  # extending a run stretches its schedules from here on
+    global_batch: int = at_least(1024, 1, resume=FIXED)  # the loader's saved position counts its steps
+    # None: the train manifest's sample count. Fixed: the saved position, epoch and schedules are counted in it
+    samples_per_epoch: int | None = at_least(None, 1, resume=FIXED)
     max_steps: int | None = at_least(None, 1)  # stop early (smoke runs, benchmarks)
-    seed: int = 0
+    seed: int = plain(0, FIXED)  # the data order and the RNG streams a resume restores
     log_every: int = at_least(10, 1)
     ckpt_every_steps: int = at_least(0, 0)  # 0: once per epoch
     keep_last: int = at_least(2, 1)
