@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Any
 
-from scale.config.fields import FIXED, NOTED, at_least, choice, plain, within
+from scale.config.fields import FIXED, NOTED, at_least, choice, listed_in, plain, within
 from scale.data.config import DataConfig
 from scale.engine.config import EngineConfig, OptimConfig
 from scale.methods.config import MethodConfig
@@ -45,6 +45,12 @@ class TrainConfig:
     # an exported backbone (`scale ckpt export`, .safetensors or torch) that initialises the student's (and the
     # teacher's) backbone of a fresh run: fine-tuning and transfer rows; ignored when the run resumes
     init_weights: str = ""
+    # roll back: resume from the sealed checkpoint of this step (newer ones are moved to checkpoints/set_aside/,
+    # never deleted); None: the newest loadable one. Applied once (checkpoints/steering.json)
+    resume_step: int | None = at_least(None, 0)
+    # parts of the saved state a resume leaves fresh, on purpose: optimizer | data | schedules | ema (README
+    # 'Resuming, rolling back and changing a run'); applied once, like resume_step
+    reset: list[str] = choice([], listed_in("scale.checkpoint.steering", "RESETS"))
 
 
 @dataclass

@@ -59,14 +59,18 @@ def _fields(cls: type, node: DictConfig) -> Iterator[tuple[str, Any, dict]]:
 
 def _rule_failure(value: Any, rule: dict) -> str | None:
     """What is wrong with `value` under `rule`, or None."""
-    if "choices" in rule:
+    items = value if isinstance(value, typing.Sequence) and not isinstance(value, str) else [value]
+    if "choices" in rule:  # for a list: of each element
         choices = rule["choices"]() if callable(rule["choices"]) else rule["choices"]
-        if value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            return f"is not one of: {', '.join(str(c) for c in choices)}{hint}"
+        for item in items:
+            if item not in choices:
+                close = difflib.get_close_matches(str(item), [str(c) for c in choices], n=1, cutoff=0.6)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                return f"{'has ' + repr(item) + ', which ' if items is value else ''}is not one of: " + (
+                    f"{', '.join(str(c) for c in choices)}{hint}"
+                )
     low, high = rule.get("low"), rule.get("high")
-    for item in value if isinstance(value, typing.Sequence) and not isinstance(value, str) else [value]:
+    for item in items:
         if item is None:
             continue
         if low is not None and item < low:

@@ -50,7 +50,7 @@ def perturbed(value, rule) -> list:
     if isinstance(value, bool):
         return [not value]
     if isinstance(value, int):
-        return [value * 2, value + 1]
+        return [v for v in (value * 2, value + 1) if v != value]
     if value is None and "low" in rule:
         return [8, 2]
     if isinstance(value, list) and value and isinstance(value[0], int) and not isinstance(value[0], bool):
