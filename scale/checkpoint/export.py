@@ -96,6 +96,7 @@ def info(path: str | Path) -> dict:
             if out[f"{part}_tensors"]:
                 model.update({f"{part}.{k}": t for k, t in read_tensors(folder, f"engine.{part}.").items()})
         out["model_checksum"] = checksum(model)
+    out["checkpoints"] = CheckpointStore(folder.parent).listing()  # every one, to choose train.resume_step from
     return out
 
 

@@ -138,6 +138,23 @@ class CheckpointStore:
         """Step directories a rollback or a fallback moved aside, newest move first."""
         return sorted((p for p in (self.root / SET_ASIDE).glob("*/step_*") if p.is_dir()), reverse=True)
 
+    def listing(self) -> list[dict]:
+        """Every step directory, set-aside ones too, newest step first: step, when it was sealed, whether it can
+        be loaded (or why not), and where it lies relative to this folder."""
+        rows = []
+        for folder in self.step_dirs() + self.set_aside_dirs():
+            problem = self.problem(folder)
+            saved_at = None if problem else self.read_meta(folder).get("saved_at")
+            rows.append(
+                {
+                    "step": step_of(folder),
+                    "saved": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(saved_at)) if saved_at else None,
+                    "loadable": problem or "yes",
+                    "path": str(folder.relative_to(self.root)),
+                }
+            )
+        return sorted(rows, key=lambda row: -row["step"])
+
     def read_meta(self, folder: Path) -> dict:
         return json.loads((folder / META).read_text())
 

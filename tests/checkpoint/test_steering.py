@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from scale.checkpoint.checkpointer import Checkpointer
 from scale.checkpoint.steering import RECORD
-from scale.checkpoint.store import CheckpointStore, step_name
+from scale.checkpoint.store import SET_ASIDE, CheckpointStore, step_name
 from scale.config import load_recipe
 from scale.config.fields import FIXED, NOTED
 from scale.config.schema import Recipe
@@ -170,3 +170,22 @@ def test_noted_fields_change_and_are_reported():
     notes = check_compatible(saved, changed, "runs/x")
     assert notes == ["data.views.n_local: [0] -> [4]", "train.epochs: 60 -> 90"]
     assert {"data.views.n_local", "data.train", "train.epochs"} == set(keys_with(NOTED))
+
+
+def test_ckpt_info_lists_every_checkpoint_with_step_time_and_whether_it_loads(tmp_path, capsys):
+    from scale.cli import main as cli
+
+    root = saved_run(tmp_path / "checkpoints")
+    saver, _, _ = toy(root, 0.0, resume_step=4)
+    saver.resume()  # step 6 is set aside
+    (root / step_name(2) / "meta.json").unlink()  # a partial write
+    assert cli(["ckpt", "info", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split() == ["step", "saved", "loadable", "path"])
+    rows = [line.split() for line in lines[header + 1 :]]
+    assert [(r[0], r[-1]) for r in rows] == [
+        ("6", f"{SET_ASIDE}/{next((root / SET_ASIDE).iterdir()).name}/{step_name(6)}"),
+        ("4", step_name(4)),
+        ("2", step_name(2)),
+    ]
+    assert rows[0][3] == "yes" and rows[1][3] == "yes" and "no meta.json" in " ".join(rows[2])
