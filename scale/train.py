@@ -39,7 +39,7 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     run.check_writable()
     check_resumable(run, cfg)
     if cfg.train.init_weights and not CheckpointStore(run.checkpoints).candidates():  # a fresh run loads them
-        check_init_weights(cfg.model, cfg.train.init_weights)
+        check_init_weights(cfg)
     if validates(cfg, synthetic):
         check_val_data(cfg)
     if spawning:

@@ -42,9 +42,12 @@ class TrainConfig:
     # methods with a class head (supervised, DRLoc, fine-tuning rows): top-1/top-5 on data.val every this many
     # epochs and after the last step, into metrics.jsonl and eval/val.json; 0: no validation
     val_every_epochs: int = at_least(1, 0)
-    # an exported backbone (`scale ckpt export`, .safetensors or torch) that initialises the student's (and the
-    # teacher's) backbone of a fresh run: fine-tuning and transfer rows; ignored when the run resumes
+    # weights that initialise a fresh run (ignored when the run resumes): a `scale ckpt export`, a timm state dict,
+    # or an official DINO, EsViT, MoCo v3, DRLoc or DINOv2 checkpoint, detected from the file (README 'Starting
+    # from published weights'); init_what: backbone (into the student's and teacher's backbones) | student |
+    # teacher (that whole net, heads too, into both) | all (student into student, teacher into teacher)
     init_weights: str = ""
+    init_what: str = choice("backbone", listed_in("scale.checkpoint.layouts", "WHAT"))
     # roll back: resume from the sealed checkpoint of this step (newer ones are moved to checkpoints/set_aside/,
     # never deleted); None: the newest loadable one. Applied once (checkpoints/steering.json)
     resume_step: int | None = at_least(None, 0)
