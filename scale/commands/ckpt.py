@@ -10,14 +10,18 @@ def register(sub) -> None:
     show.add_argument("path", help="run directory, its checkpoints/ folder, or a step directory")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=cmd_info)
-    exp = csub.add_parser("export", help="write a consolidated backbone state dict")
+    exp = csub.add_parser("export", help="write a consolidated backbone state dict, or a timm / Hub folder")
     exp.add_argument("path", help="run directory or step directory")
     exp.add_argument(
         "--what",
         default="teacher-backbone",
         help="teacher-backbone | student-backbone | student (the whole student net)",
     )
-    exp.add_argument("--format", default="safetensors", help="safetensors | torch")
+    exp.add_argument(
+        "--format",
+        default="safetensors",
+        help="safetensors | torch (a file) | timm | hf (a folder timm loads: config.json, model.safetensors, model card)",
+    )
     exp.add_argument("--out", required=True)
     exp.set_defaults(func=cmd_export)
 
