@@ -290,7 +290,7 @@ class Checkpointer:
             if not optimizer:
                 state["engine"] = {k: v for k, v in state["engine"].items() if k not in ("optimizer", "scaler")}
             reader = SafeReader(str(folder / "dcp"))
-            check_fits(folder, state, reader.read_metadata())
+            check_fits(folder, state, reader.read_metadata(), self.info.is_main)
             dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self.group)
             self.engine.load_state_dict(state["engine"])
             run_state = state["run"]

@@ -8,7 +8,8 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from scale.errors import UserError
 
 # the parts of the flattened DCP state whose layout the recipe decides (not the loader's or the RNG's)
-SHAPED = ("engine.student.", "engine.teacher.", "engine.optimizer.state.", "run.method.")
+# (the model's first: a misfit is named by its parameter before its optimizer moments)
+SHAPED = ("engine.student.", "engine.teacher.", "run.method.", "engine.optimizer.state.")
 
 
 def flat_shapes(state: dict, prefix: str = "") -> dict[str, tuple[int, ...]]:
@@ -38,7 +39,8 @@ def misfit(
 ) -> str | None:
     """The first key under `scopes` whose shape differs or which only one side has, described; None when they
     fit."""
-    for key in sorted(k for k in set(wanted) | set(saved) if k.startswith(scopes)):
+    keys = set(wanted) | set(saved)
+    for key in (k for scope in scopes for k in sorted(keys) if k.startswith(scope)):
         if key not in saved:
             return f"{key} {list(wanted[key])} is not in the checkpoint"
         if key not in wanted:
@@ -48,11 +50,14 @@ def misfit(
     return None
 
 
-def check_fits(folder, state: dict, metadata: Metadata) -> None:
-    """Raise UserError when the DCP checkpoint described by `metadata` cannot fill `state`."""
+def check_fits(folder, state: dict, metadata: Metadata, main: bool = True) -> None:
+    """Raise UserError when the DCP checkpoint described by `metadata` cannot fill `state`. Every rank finds the
+    same: only the `main` one says why, the others exit with the same status silently."""
     saved = {k: tuple(v.size) for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
     scopes = tuple(p for p in SHAPED if _has(state, p))  # a part left out on purpose (train.reset) is not read
     problem = misfit(flat_shapes(state), saved, scopes)
+    if problem and not main:
+        raise SystemExit(UserError.exit_code)
     if problem:
         raise UserError(
             f"{folder} does not fit this run: {problem}. A setting that shapes it changed since the checkpoint "

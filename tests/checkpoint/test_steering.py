@@ -86,7 +86,7 @@ def test_a_checkpoint_that_does_not_fit_is_a_user_error_naming_key_and_shapes(tm
     saver, _, _ = toy(root, 0.0, width=8)
     with pytest.raises(UserError) as err:
         saver.resume()
-    assert "engine.optimizer.state.w.exp_avg is [4] in the checkpoint, [8] in this run" in str(err.value)
+    assert "engine.student.w is [4] in the checkpoint, [8] in this run" in str(err.value)
     assert "damaged" not in str(err.value)
     assert inventory(root) == before, "a refused resume changed the checkpoints"
 

@@ -112,3 +112,24 @@ def test_reset_data_schedules_and_ema_restart_them_from_the_saved_weights(embedd
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == [step_name(2)]
     (aside,) = (run / "checkpoints" / SET_ASIDE).iterdir()
     assert sorted(p.name for p in aside.iterdir()) == [step_name(s) for s in (2, 4, STEPS)]
+
+
+def test_deepspeed_run_rolls_back_with_fresh_optimizer_and_exports_for_timm(embedded_data, tmp_path):
+    """ZeRO-2: train.resume_step with train.reset=[optimizer] loads the weights through DeepSpeed without its
+    optimizer states; the teacher backbone exports to a folder timm loads strictly."""
+    pytest.importorskip("deepspeed")
+    import timm
+
+    from scale.checkpoint.export import export
+
+    ds = OVERRIDES[:-1] + ["engine.kind=deepspeed", "engine.zero_stage=2", "train.max_steps=4"]
+    first = run_train(embedded_data, tmp_path, ds)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = run_train(embedded_data, tmp_path, ds + ["train.resume_step=2", "train.reset=[optimizer]"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"{step_name(2)} at step 2" in out.stderr and "fresh optimizer state" in out.stderr
+    (aside,) = (tmp_path / "checkpoints" / SET_ASIDE).iterdir()
+    assert [p.name for p in aside.iterdir()] == [step_name(4)]
+    folder = export(tmp_path, "teacher-backbone", "timm", tmp_path / "export")
+    model = timm.create_model(f"local-dir:{folder}", pretrained=True)
+    assert model(torch.randn(1, 3, 16, 16)).shape == (1, 64)
