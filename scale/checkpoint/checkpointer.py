@@ -201,7 +201,7 @@ class Checkpointer:
         Checkpoints newer than the one loaded are moved to checkpoints/set_aside/, out of retention's reach."""
         plan = self._broadcast(self._plan() if self.info.is_main else None)
         if "error" in plan:
-            raise UserError(plan["error"])
+            self._fail(plan["error"])
         steering = Steering(plan["step"], tuple(plan["reset"]))
         for folder in map(Path, plan["folders"]):
             verdict, problem = self._check(folder)
@@ -226,10 +226,15 @@ class Checkpointer:
             else:
                 log.info("skipping checkpoint %s: another rank cannot load its part", folder)
         if steering.step is not None:
-            raise UserError(f"train.resume_step={steering.step}: the checkpoint of that step cannot be loaded (above)")
-        if plan["folders"]:
-            self._set_aside(0)  # none loadable: a fresh start never overwrites them
+            self._fail(f"train.resume_step={steering.step}: the checkpoint of that step cannot be loaded (above)")
+        self._set_aside(0)  # none loadable (or none at all): a fresh start never overwrites a damaged one
         return 0
+
+    def _fail(self, message: str) -> None:
+        """A user error every rank found: rank 0 says it, the others exit with its status silently."""
+        if self.info.is_main:
+            raise UserError(message)
+        raise SystemExit(UserError.exit_code)
 
     def _plan(self) -> dict:
         """On rank 0: the folders to try, newest first, and what train.resume_step/train.reset still ask for."""

@@ -189,3 +189,12 @@ def test_ckpt_info_lists_every_checkpoint_with_step_time_and_whether_it_loads(tm
         ("2", step_name(2)),
     ]
     assert rows[0][3] == "yes" and rows[1][3] == "yes" and "no meta.json" in " ".join(rows[2])
+
+
+def test_a_fresh_start_past_only_damaged_checkpoints_keeps_them_aside(tmp_path):
+    root = saved_run(tmp_path, steps=(2,))
+    (root / step_name(2) / "meta.json").unlink()  # a partial write, not even a candidate
+    saver, _, _ = toy(root, 0.0)
+    assert saver.resume() == 0
+    store = CheckpointStore(root)
+    assert store.step_dirs() == [] and [p.name for p in store.set_aside_dirs()] == [step_name(2)]

@@ -133,3 +133,12 @@ def test_deepspeed_run_rolls_back_with_fresh_optimizer_and_exports_for_timm(embe
     folder = export(tmp_path, "teacher-backbone", "timm", tmp_path / "export")
     model = timm.create_model(f"local-dir:{folder}", pretrained=True)
     assert model(torch.randn(1, 3, 16, 16)).shape == (1, 64)
+
+
+def test_resume_step_without_that_checkpoint_exits_2_once(embedded_data, reference, tmp_path):
+    run = copy(reference, tmp_path)
+    before = inventory(run / "checkpoints")
+    out = run_train(embedded_data, run, OVERRIDES + ["train.resume_step=5"])
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.count("train.resume_step=5: no sealed checkpoint") == 1 and "sealed: [6, 4, 2]" in out.stderr
+    assert "Traceback" not in out.stderr and inventory(run / "checkpoints") == before
