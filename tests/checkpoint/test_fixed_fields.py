@@ -46,7 +46,10 @@ def perturbed(value, rule) -> list:
     """Other valid values of a field to try: another choice, a flipped bool, a larger number."""
     choices = rule.get("choices")
     if choices is not None:
-        return [c for c in (choices() if callable(choices) else choices) if c != value]
+        options = choices() if callable(choices) else choices
+        if OmegaConf.is_list(value):  # a list of choices (train.reset): one other element
+            return [[c] for c in options if [c] != list(value)]
+        return [c for c in options if c != value]
     if isinstance(value, bool):
         return [not value]
     if isinstance(value, int):
