@@ -1,76 +1,52 @@
-"""What may change between a run and its continuation: data paths, logging, budgets, yes; shapes and method, no."""
+"""What may change between a run and its continuation, as each schema field declares it (scale/config/fields.py):
+a FIXED field (a checkpointed shape, the trained parameters, what the saved position means) is refused, a NOTED one
+is logged, any other changes freely."""
 
 from omegaconf import DictConfig, OmegaConf
 
 from scale.checkpoint.store import CheckpointStore
+from scale.config.fields import FIXED, NOTED
 from scale.config.load import from_dict
+from scale.config.schema import Recipe
+from scale.config.validate import get_key, schema_rules
 from scale.errors import ConfigError
 from scale.rundir import RunDir
 
-# dotted prefixes whose change makes a checkpoint unloadable or its meaning different
-FIXED = [
-    "model.name",
-    "model.patch_size",
-    "model.num_heads",
-    "model.pos_embed",
-    "model.pos_embed_trainable",
-    "model.pooling",
-    "model.final_norm",
-    "model.bn_mlp",
-    "model.window_size",
-    "model.frozen_patch_embed",
-    "method.kind",
-    "method.dino.out_dim",
-    "method.dino.hidden_dim",
-    "method.dino.bottleneck_dim",
-    "method.dino.head_layers",
-    "method.dino.use_bn_in_head",
-    "method.dino.predictor",
-    "method.moco.variant",
-    "method.moco.dim",
-    "method.moco.mlp_dim",
-    "method.moco.proj_layers",
-    "method.moco.pred_layers",
-    "method.drloc.mode",
-    "optim.name",
-    "engine.kind",
-    "train.global_batch",
-    "train.seed",
-]
+
+def keys_with(resume: str) -> list[str]:
+    """The dotted keys whose schema rule is `resume` (FIXED or NOTED)."""
+    return [dotted for dotted, rule in schema_rules(Recipe) if rule.get("resume") == resume]
 
 
-def _flat(cfg: DictConfig) -> dict:
-    out = {}
+def _changes(saved: DictConfig, new: DictConfig, keys: list[str]) -> list[str]:
+    def plain(value):
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
-    def walk(node, prefix):
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(value, f"{prefix}{key}.")
-            else:
-                out[f"{prefix}{key}"] = value
-
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
-    return out
+    found = []
+    for key in keys:
+        old, value = plain(get_key(saved, key)), plain(get_key(new, key))
+        if old != value:
+            found.append(f"{key}: {old!r} -> {value!r}")
+    return found
 
 
-def check_compatible(saved: DictConfig, new: DictConfig, where: str) -> None:
-    """Fail naming every fixed key that differs between the saved config and the new one."""
-    old_flat, new_flat = _flat(saved), _flat(new)
-    changed = [
-        f"{k}: {old_flat.get(k)!r} -> {new_flat.get(k)!r}"
-        for k in sorted(set(old_flat) | set(new_flat))
-        if any(k == p or k.startswith(p + ".") for p in FIXED) and old_flat.get(k) != new_flat.get(k)
-    ]
-    if changed:
+def check_compatible(saved: DictConfig, new: DictConfig, where: str) -> list[str]:
+    """Fail naming every FIXED key that differs between the saved config and the new one; the NOTED changes, for
+    the resumed run to log."""
+    fixed = _changes(saved, new, keys_with(FIXED))
+    if fixed:
         raise ConfigError(
-            f"{where} cannot be resumed with this recipe; these settings changed: "
-            + "; ".join(changed)
-            + ". Use a new --run-dir, or restore these values."
+            f"{where} cannot be resumed with this recipe; these settings are fixed on resume and changed: "
+            + "; ".join(fixed)
+            + ". Restore them, or start a new run (another --run-dir, train.init_weights for its weights)."
         )
+    return _changes(saved, new, keys_with(NOTED))
 
 
-def check_resumable(run: RunDir, cfg: DictConfig) -> None:
-    """A run directory with a checkpoint continues only with a compatible recipe; one without (a start that failed
-    before its first checkpoint) takes any recipe."""
+def check_resumable(run: RunDir, cfg: DictConfig) -> list[str]:
+    """A run directory with a checkpoint continues only with a compatible recipe (the changes it allowed but
+    notes are returned); one without (a start that failed before its first checkpoint) takes any recipe."""
     if run.config.exists() and CheckpointStore(run.checkpoints).step_dirs():
-        check_compatible(from_dict(OmegaConf.to_container(OmegaConf.load(run.config))), cfg, str(run.root))
+        saved = from_dict(OmegaConf.to_container(OmegaConf.load(run.config)))
+        return check_compatible(saved, cfg, str(run.root))
+    return []

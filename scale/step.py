@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from omegaconf import DictConfig
 
-from scale.checkpoint.init import load_backbone_weights
+from scale.checkpoint.init import load_init_weights
 from scale.data.batch import Batch, split_batch
 from scale.data.prefetch import prefetch_to_device
 from scale.engine import build_engine
@@ -71,12 +71,12 @@ class TrainStep:
         )
         self.engine = make_engine(cfg.engine, cfg.optim, info, device)
         if init_weights and not cfg.engine.meta_init:
-            load_backbone_weights(self.modules(), init_weights, sharded=False)
+            load_init_weights(self.nets(), init_weights, cfg.train.init_what, sharded=False)
         self.engine.setup(self.method)
         if init_weights and cfg.engine.meta_init:
             if cfg.engine.kind != "fsdp2":
                 raise UserError("train.init_weights with engine.meta_init needs engine.kind=fsdp2")
-            load_backbone_weights(self.modules(), init_weights, sharded=True)
+            load_init_weights(self.nets(), init_weights, cfg.train.init_what, sharded=True)
         self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
         self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
         self.monitors = Monitors(cfg, device, info.dp_group)
@@ -87,6 +87,9 @@ class TrainStep:
 
     def modules(self) -> list:
         return [m for m in (self.method.student, self.method.teacher) if m is not None]
+
+    def nets(self) -> dict:
+        return {"student": self.method.student, "teacher": self.method.teacher}
 
     def batches(self):
         """Batches across epochs: the loader yields one epoch per iteration, from its saved position."""

@@ -43,7 +43,7 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     run.check_writable()
     check_resumable(run, cfg)
     if cfg.train.init_weights and not CheckpointStore(run.checkpoints).candidates():  # a fresh run loads them
-        check_init_weights(cfg.model, cfg.train.init_weights)
+        check_init_weights(cfg)
     if validates(cfg, synthetic):
         check_val_data(cfg)
     if spawning:
@@ -62,14 +62,17 @@ def validates(cfg: DictConfig, synthetic: bool = False) -> bool:
     return has_class_head(cfg) and cfg.train.val_every_epochs > 0 and not synthetic
 
 
-def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> None:
-    """Rank 0 checks that an existing run can continue with this config, then (re)writes config.yaml."""
+def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> list[str]:
+    """Rank 0 checks that an existing run can continue with this config, then (re)writes config.yaml; the changes
+    it allowed that the log should name (fields NOTED on resume)."""
+    notes = []
     if info.is_main:
-        check_resumable(run, cfg)
+        notes = check_resumable(run, cfg)
         run.create()
         run.write_config(cfg)
     if dist.is_initialized():
         dist.barrier()
+    return notes
 
 
 def train_loader(cfg: DictConfig, info: ParallelContext, device: torch.device):
@@ -101,8 +104,10 @@ class Trainer:
         `synthetic`: random batches instead of the recipe's shards (scale.bench.synthetic)."""
         info = as_parallel(info, device, cfg.engine.shard_size)
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
-        prepare_run_dir(cfg, run, info)
+        changed = prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
+        for change in changed:
+            log.warning("resuming with a changed setting (allowed, see README 'Resuming'): %s", change)
         validation = validates(cfg, synthetic)
         self.validation = Validation(cfg, info, device, run.root / "eval" / "val.json") if validation else None
         fresh = not CheckpointStore(run.checkpoints).candidates()

@@ -22,8 +22,10 @@ from omegaconf import DictConfig
 from torch.distributed.checkpoint.api import CheckpointException
 
 from scale.checkpoint import rng
+from scale.checkpoint.fit import check_fits
 from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
-from scale.checkpoint.store import CheckpointStore, step_name
+from scale.checkpoint.steering import Steering, pending, record
+from scale.checkpoint.store import CheckpointStore, step_name, step_of
 from scale.engine.dist import DistInfo
 from scale.errors import UserError
 from scale.faults import maybe_inject
@@ -193,10 +195,15 @@ class Checkpointer:
 
     def resume(self) -> int:
         """Load the newest checkpoint that every rank can load (skipping damaged ones with a warning naming the
-        file); the step to continue from. Every rank first reads its share of the files as data, then the ranks
-        agree, so that they all load the same checkpoint. A file that would run code ends the run (exit 2)."""
-        folders = self._broadcast([str(p) for p in self.store.candidates()] if self.info.is_main else None)
-        for folder in map(Path, folders):
+        file), or the one train.resume_step names; the step to continue from. Every rank first reads its share of
+        the files as data, then the ranks agree, so that they all load the same checkpoint. A file that would run
+        code, or a checkpoint that does not fit this run's shapes, ends the run (exit 2) with nothing deleted.
+        Checkpoints newer than the one loaded are moved to checkpoints/set_aside/, out of retention's reach."""
+        plan = self._broadcast(self._plan() if self.info.is_main else None)
+        if "error" in plan:
+            self._fail(plan["error"])
+        steering = Steering(plan["step"], tuple(plan["reset"]))
+        for folder in map(Path, plan["folders"]):
             verdict, problem = self._check(folder)
             worst = self._worst(verdict)
             if worst == UNSAFE:
@@ -205,7 +212,7 @@ class Checkpointer:
                 raise SystemExit(UnsafeCheckpoint.exit_code)  # the rank that found it says why, once
             if worst == READABLE:
                 try:
-                    step = self.load(folder)
+                    step = self.load(folder, steering.reset)
                 except UserError:
                     raise
                 except (Exception, CheckpointException) as err:  # CheckpointException is no Exception subclass
@@ -213,12 +220,56 @@ class Checkpointer:
                 worst = self._worst(verdict)
             if worst == READABLE:
                 log.info("resumed from %s at step %d", folder, step)
-                return step
+                return self._steered(step, steering)
             if problem:
                 log.warning("skipping checkpoint %s: %s; trying the previous one", folder, problem)
             else:
                 log.info("skipping checkpoint %s: another rank cannot load its part", folder)
+        if steering.step is not None:
+            self._fail(f"train.resume_step={steering.step}: the checkpoint of that step cannot be loaded (above)")
+        self._set_aside(0)  # none loadable (or none at all): a fresh start never overwrites a damaged one
         return 0
+
+    def _fail(self, message: str) -> None:
+        """A user error every rank found: rank 0 says it, the others exit with its status silently."""
+        if self.info.is_main:
+            raise UserError(message)
+        raise SystemExit(UserError.exit_code)
+
+    def _plan(self) -> dict:
+        """On rank 0: the folders to try, newest first, and what train.resume_step/train.reset still ask for."""
+        steering = pending(self.cfg.train, self.store.root)
+        folders = self.store.candidates()
+        if steering.step is not None:
+            folders = [f for f in folders if step_of(f) == steering.step]
+            if not folders:
+                sealed = [step_of(f) for f in self.store.candidates()]
+                return {
+                    "error": f"train.resume_step={steering.step}: no sealed checkpoint of that step in "
+                    f"{self.store.root} (sealed: {sealed or 'none'}; `scale ckpt info {self.store.root}`)"
+                }
+        return {"folders": [str(f) for f in folders], "step": steering.step, "reset": list(steering.reset)}
+
+    def _steered(self, step: int, steering: Steering) -> int:
+        """Apply train.reset's 'schedules' and 'ema' after a load; set newer checkpoints aside; record it."""
+        if "ema" in steering.reset and self.method.teacher is not None:
+            self.engine.ema(0.0)  # teacher = student, through each engine's own EMA (sharded or not)
+            log.info("train.reset: the teacher restarts as a copy of the student")
+        start = 0 if "schedules" in steering.reset else step
+        if start != step:
+            log.info("train.reset: the step count restarts at 0 (schedules from the start), weights of step %d", step)
+        aside = self._set_aside(start if start == step else -1)
+        if steering != Steering() and self.info.is_main:
+            record(self.store.root, steering, step, aside)
+        return start
+
+    def _set_aside(self, after: int) -> Path | None:
+        """Collective: rank 0 moves the checkpoints newer than step `after` aside (they are kept)."""
+        aside = self.store.set_aside(after) if self.info.is_main else None
+        if aside is not None:
+            log.warning("moved the checkpoints newer than step %d to %s (kept, not deleted)", max(after, 0), aside)
+        self._barrier()
+        return aside
 
     def _check(self, folder: Path) -> tuple[int, object]:
         try:
@@ -227,25 +278,35 @@ class Checkpointer:
             return UNSAFE, err
         return (DAMAGED, problem) if problem else (READABLE, None)
 
-    def load(self, folder: Path) -> int:
+    def load(self, folder: Path, reset: tuple[str, ...] = ()) -> int:
+        """Load `folder`; `reset` (train.reset) names the parts left fresh: 'optimizer' and 'data' are not read."""
         meta = self.store.read_meta(folder)
         if meta["engine"] != self.cfg.engine.kind:
             raise UserError(
                 f"{folder} was written by engine '{meta['engine']}', this run uses "
                 f"'{self.cfg.engine.kind}': resume with engine.kind={meta['engine']}"
             )
+        optimizer = "optimizer" not in reset
         if self.engine.native_checkpoint:
-            self.engine.load_native(folder / "engine", meta["world_size"])
+            self.engine.load_native(folder / "engine", meta["world_size"], optimizer=optimizer)
             run_state = load_torch(folder / "run_state.pt")
         else:
             state = {"engine": self.engine.state_dict(), "run": self._run_state(0)}
+            if not optimizer:
+                state["engine"] = {k: v for k, v in state["engine"].items() if k not in ("optimizer", "scaler")}
             reader = SafeReader(str(folder / "dcp"))
+            check_fits(folder, state, reader.read_metadata(), self.info.is_main)
             dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self.group)
             self.engine.load_state_dict(state["engine"])
             run_state = state["run"]
         self.method.load_state_dict(run_state["method"])
-        self.loader.load_state_dict(run_state["loader"])
-        self.loader.load_counters(self._saved_counters(folder, meta))
+        if "data" in reset:
+            log.info("train.reset: the loader starts at sample 0 with its counters at 0")
+        else:
+            self.loader.load_state_dict(run_state["loader"])
+            self.loader.load_counters(self._saved_counters(folder, meta))
+        if not optimizer:
+            log.info("train.reset: fresh optimizer state (moments, loss scale); weights from %s", folder)
         self._restore_rng(folder, meta)
         if (folder / MONITORS_FILE).exists():  # checkpoints written before the monitors were saved lack it
             self.monitors.load_state_dict(load_torch(folder / MONITORS_FILE))

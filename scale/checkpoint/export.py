@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -96,14 +97,59 @@ def info(path: str | Path) -> dict:
             if out[f"{part}_tensors"]:
                 model.update({f"{part}.{k}": t for k, t in read_tensors(folder, f"engine.{part}.").items()})
         out["model_checksum"] = checksum(model)
+    out["checkpoints"] = CheckpointStore(folder.parent).listing()  # every one, to choose train.resume_step from
     return out
+
+
+def deepspeed_tensors(folder: Path, what: str) -> dict[str, torch.Tensor]:
+    """A DeepSpeed ZeRO-1/2 step directory's student (its model states file) or teacher (teacher.pt), read as data
+    (check_files has read every file with weights_only first)."""
+    from scale.checkpoint.safe_load import load_torch
+
+    engine = folder / "engine"
+    part, sub = WHAT[what].split(".")[1], WHAT[what].split(".", 2)[2]
+    if part == "teacher":
+        if not (engine / "teacher.pt").is_file():
+            raise UserError(
+                f"{folder}: no teacher.pt (a ZeRO-3 run's teacher is sharded: export --what student-backbone)"
+            )
+        state = load_torch(engine / "teacher.pt")
+    else:
+        files = sorted(engine.glob("*/mp_rank_00_model_states.pt"))
+        if not files:
+            raise UserError(f"{folder}: no DeepSpeed model states file")
+        state = load_torch(files[0])["module"]
+        if not state:
+            raise UserError(f"{folder}: a ZeRO-3 checkpoint holds no full weights: resume it and export from DDP/FSDP2")
+    state = {k.replace("_checkpoint_wrapped_module.", ""): v for k, v in state.items()}
+    return {k[len(sub) :]: v.float() if v.is_floating_point() else v for k, v in state.items() if k.startswith(sub)}
+
+
+def net_tensors(folder: Path, what: str) -> dict[str, torch.Tensor]:
+    """The consolidated tensors of `what` (WHAT), from a DCP or a DeepSpeed step directory."""
+    if (folder / "dcp").is_dir():
+        return read_tensors(folder, WHAT[what])
+    return deepspeed_tensors(folder, what)
 
 
 def export(path: str | Path, what: str, fmt: str, out: str | Path) -> Path:
     if what not in WHAT:
         raise UserError(f"--what must be one of {', '.join(WHAT)}, got '{what}'")
-    tensors = read_tensors(checked(path), WHAT[what])
+    folder = checked(path)
+    tensors = net_tensors(folder, what)
     out = Path(out)
+    if fmt in ("timm", "hf"):
+        from scale.checkpoint.share import write_timm
+        from scale.config.load import from_dict
+
+        run_dir = folder.parent.parent
+        if not (run_dir / "config.yaml").is_file():
+            raise UserError(f"{run_dir}: no config.yaml (the model's shape comes from the run's recipe)")
+        if not what.endswith("backbone"):
+            raise UserError(f"--format {fmt} exports a backbone: --what teacher-backbone or student-backbone")
+        cfg = from_dict(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")))
+        step = CheckpointStore(folder.parent).read_meta(folder)["step"]
+        return write_timm(tensors, cfg, run_dir, step, what, out, hub=fmt == "hf")
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors":
         from safetensors.torch import save_file
@@ -112,5 +158,5 @@ def export(path: str | Path, what: str, fmt: str, out: str | Path) -> Path:
     elif fmt == "torch":
         torch.save(tensors, out)
     else:
-        raise UserError(f"--format must be safetensors or torch, got '{fmt}'")
+        raise UserError(f"--format must be safetensors, torch, timm or hf, got '{fmt}'")
     return out

@@ -18,10 +18,15 @@ log = logging.getLogger(__name__)
 META = "meta.json"
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
+SET_ASIDE = "set_aside"  # checkpoints newer than the one a run resumed from: kept, out of retention's reach
 
 
 def step_name(step: int) -> str:
     return f"step_{step:09d}"
+
+
+def step_of(folder: Path) -> int:
+    return int(folder.name.split("_")[1])
 
 
 def _fsync_dir(path: Path) -> None:
@@ -110,6 +115,46 @@ class CheckpointStore:
                 good.append(folder)
         return good
 
+    def set_aside(self, after: int) -> Path | None:
+        """Move every step directory newer than step `after` into set_aside/<time>-after_step_N/, so that a run
+        resumed from `after` never overwrites or deletes them (retention and commit see only this folder's
+        step_* directories); where they went, or None when there were none."""
+        newer = [p for p in self.step_dirs() if step_of(p) > after]
+        if not newer:
+            return None
+        dest = self.root / SET_ASIDE / f"{time.strftime('%Y%m%dT%H%M%S')}-after_step_{after}"
+        dest.mkdir(parents=True, exist_ok=True)
+        for folder in newer:
+            os.replace(folder, dest / folder.name)
+        _fsync_dir(self.root)
+        kept = self.step_dirs()
+        if kept:
+            _write_atomic(self.root / LATEST, kept[0].name + "\n")
+        else:
+            (self.root / LATEST).unlink(missing_ok=True)
+        return dest
+
+    def set_aside_dirs(self) -> list[Path]:
+        """Step directories a rollback or a fallback moved aside, newest move first."""
+        return sorted((p for p in (self.root / SET_ASIDE).glob("*/step_*") if p.is_dir()), reverse=True)
+
+    def listing(self) -> list[dict]:
+        """Every step directory, set-aside ones too, newest step first: step, when it was sealed, whether it can
+        be loaded (or why not), and where it lies relative to this folder."""
+        rows = []
+        for folder in self.step_dirs() + self.set_aside_dirs():
+            problem = self.problem(folder)
+            saved_at = None if problem else self.read_meta(folder).get("saved_at")
+            rows.append(
+                {
+                    "step": step_of(folder),
+                    "saved": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(saved_at)) if saved_at else None,
+                    "loadable": problem or "yes",
+                    "path": str(folder.relative_to(self.root)),
+                }
+            )
+        return sorted(rows, key=lambda row: -row["step"])
+
     def read_meta(self, folder: Path) -> dict:
         return json.loads((folder / META).read_text())
 
@@ -117,7 +162,7 @@ class CheckpointStore:
         """Delete all but the newest `keep_last` and every `keep_every`-th step; returns what was deleted."""
         doomed = []
         for index, folder in enumerate(self.step_dirs()):
-            step = int(folder.name.split("_")[1])
+            step = step_of(folder)
             if index < max(keep_last, 1) or (keep_every and step % keep_every == 0):
                 continue
             doomed.append(folder)

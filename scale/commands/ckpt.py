@@ -6,18 +6,22 @@ import json
 def register(sub) -> None:
     parser = sub.add_parser("ckpt", help="inspect and export checkpoints")
     csub = parser.add_subparsers(dest="ckpt_command", required=True, metavar="ACTION")
-    show = csub.add_parser("info", help="what a checkpoint holds")
+    show = csub.add_parser("info", help="what a checkpoint holds, and every checkpoint of its run")
     show.add_argument("path", help="run directory, its checkpoints/ folder, or a step directory")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=cmd_info)
-    exp = csub.add_parser("export", help="write a consolidated backbone state dict")
+    exp = csub.add_parser("export", help="write a consolidated backbone state dict, or a timm / Hub folder")
     exp.add_argument("path", help="run directory or step directory")
     exp.add_argument(
         "--what",
         default="teacher-backbone",
         help="teacher-backbone | student-backbone | student (the whole student net)",
     )
-    exp.add_argument("--format", default="safetensors", help="safetensors | torch")
+    exp.add_argument(
+        "--format",
+        default="safetensors",
+        help="safetensors | torch (a file) | timm | hf (a folder timm loads: config.json, model.safetensors, model card)",
+    )
     exp.add_argument("--out", required=True)
     exp.set_defaults(func=cmd_export)
 
@@ -29,9 +33,13 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        rows = result.pop("checkpoints")
         width = max(map(len, result))
         for key, value in result.items():
             print(f"{key:<{width}}  {value}")
+        print(f"\n{'step':>10}  {'saved':<19}  {'loadable':<8}  path")
+        for row in rows:
+            print(f"{row['step']:>10}  {row['saved'] or '-':<19}  {row['loadable']:<8}  {row['path']}")
     return 0
 
 

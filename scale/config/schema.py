@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Any
 
-from scale.config.fields import at_least, choice, within
+from scale.config.fields import FIXED, NOTED, at_least, choice, listed_in, plain, within
 from scale.data.config import DataConfig
 from scale.engine.config import EngineConfig, OptimConfig
 from scale.methods.config import MethodConfig
@@ -25,11 +25,12 @@ class MetaConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = at_least(100, 1)
-    global_batch: int = at_least(1024, 1)
-    samples_per_epoch: int | None = at_least(None, 1)  # None: the train manifest's sample count
+    epochs: int = at_least(100, 1, resume=NOTED)  # extending a run stretches its schedules from here on
+    global_batch: int = at_least(1024, 1, resume=FIXED)  # the loader's saved position counts its steps
+    # None: the train manifest's sample count. Fixed: the saved position, epoch and schedules are counted in it
+    samples_per_epoch: int | None = at_least(None, 1, resume=FIXED)
     max_steps: int | None = at_least(None, 1)  # stop early (smoke runs, benchmarks)
-    seed: int = 0
+    seed: int = plain(0, FIXED)  # the data order and the RNG streams a resume restores
     log_every: int = at_least(10, 1)
     ckpt_every_steps: int = at_least(0, 0)  # 0: once per epoch
     keep_last: int = at_least(2, 1)
@@ -43,9 +44,18 @@ class TrainConfig:
     # methods with a class head (supervised, DRLoc, fine-tuning rows): top-1/top-5 on data.val every this many
     # epochs and after the last step, into metrics.jsonl and eval/val.json; 0: no validation
     val_every_epochs: int = at_least(1, 0)
-    # an exported backbone (`scale ckpt export`, .safetensors or torch) that initialises the student's (and the
-    # teacher's) backbone of a fresh run: fine-tuning and transfer rows; ignored when the run resumes
+    # weights that initialise a fresh run (ignored when the run resumes): a `scale ckpt export`, a timm state dict,
+    # or an official DINO, EsViT, MoCo v3, DRLoc or DINOv2 checkpoint, detected from the file (README 'Starting
+    # from published weights'); init_what: backbone (into the student's and teacher's backbones) | student |
+    # teacher (that whole net, heads too, into both) | all (student into student, teacher into teacher)
     init_weights: str = ""
+    init_what: str = choice("backbone", listed_in("scale.checkpoint.layouts", "WHAT"))
+    # roll back: resume from the sealed checkpoint of this step (newer ones are moved to checkpoints/set_aside/,
+    # never deleted); None: the newest loadable one. Applied once (checkpoints/steering.json)
+    resume_step: int | None = at_least(None, 0)
+    # parts of the saved state a resume leaves fresh, on purpose: optimizer | data | schedules | ema (README
+    # 'Resuming, rolling back and changing a run'); applied once, like resume_step
+    reset: list[str] = choice([], listed_in("scale.checkpoint.steering", "RESETS"))
     # experiment trackers besides metrics.jsonl (always): tensorboard | wandb | mlflow (README 'Tracking runs')
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
     tracker: TrackerConfig = field(default_factory=TrackerConfig)

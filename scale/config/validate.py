@@ -40,27 +40,37 @@ class Origins:
         return self._source.get(dotted, "the schema's default")
 
 
-def _fields(cls: type, node: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any, dict]]:
-    """(dotted key, value, rule) of every leaf field of dataclass `cls`, read from `node`."""
+def schema_rules(cls: type, prefix: str = "") -> Iterator[tuple[str, dict]]:
+    """(dotted key, rule) of every leaf field of dataclass `cls`."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         dotted = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(hints[f.name]):
-            yield from _fields(hints[f.name], node[f.name], dotted + ".")
+            yield from schema_rules(hints[f.name], dotted + ".")
         else:
-            yield dotted, node[f.name], dict(f.metadata)
+            yield dotted, dict(f.metadata)
+
+
+def _fields(cls: type, node: DictConfig) -> Iterator[tuple[str, Any, dict]]:
+    """(dotted key, value, rule) of every leaf field of dataclass `cls`, read from `node`."""
+    for dotted, rule in schema_rules(cls):
+        yield dotted, get_key(node, dotted), rule
 
 
 def _rule_failure(value: Any, rule: dict) -> str | None:
     """What is wrong with `value` under `rule`, or None."""
-    if "choices" in rule:
+    items = value if isinstance(value, typing.Sequence) and not isinstance(value, str) else [value]
+    if "choices" in rule:  # for a list: of each element
         choices = rule["choices"]() if callable(rule["choices"]) else rule["choices"]
-        if value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            return f"is not one of: {', '.join(str(c) for c in choices)}{hint}"
+        for item in items:
+            if item not in choices:
+                close = difflib.get_close_matches(str(item), [str(c) for c in choices], n=1, cutoff=0.6)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                return f"{'has ' + repr(item) + ', which ' if items is value else ''}is not one of: " + (
+                    f"{', '.join(str(c) for c in choices)}{hint}"
+                )
     low, high = rule.get("low"), rule.get("high")
-    for item in value if isinstance(value, typing.Sequence) and not isinstance(value, str) else [value]:
+    for item in items:
         if item is None:
             continue
         if low is not None and item < low:
@@ -105,7 +115,7 @@ def check_recipe(cfg: DictConfig, schema: type, origins: Origins) -> None:
         if failure:
             raise ConfigError(f"{origins.of(dotted)}: {dotted}={_show(value)} {failure}")
     for dotted, failure in _cross_field(cfg):
-        raise ConfigError(f"{origins.of(dotted)}: {dotted}={_show(_get(cfg, dotted))}: {failure}")
+        raise ConfigError(f"{origins.of(dotted)}: {dotted}={_show(get_key(cfg, dotted))}: {failure}")
 
 
 def check_launch(cfg: DictConfig, world_size: int, data: bool = True) -> None:
@@ -121,7 +131,7 @@ def check_launch(cfg: DictConfig, world_size: int, data: bool = True) -> None:
         raise ConfigError(f"data.train={cfg.data.train}: no such directory (set SCALE_DATA or data.train)")
 
 
-def _get(cfg: DictConfig, dotted: str) -> Any:
+def get_key(cfg: DictConfig, dotted: str) -> Any:
     node: Any = cfg
     for part in dotted.split("."):
         node = node[part]

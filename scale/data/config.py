@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from scale.config.fields import at_least, choice, listed_in, within
+from scale.config.fields import FIXED, NOTED, at_least, choice, listed_in, plain, within
 
 
 @dataclass
@@ -14,7 +14,7 @@ class ViewsConfig:
     global_scale: list[float] = within([0.4, 1.0], 0.0, 1.0)
     # several local sizes are allowed (EsViT); n_local[i] crops of local_sizes[i] px
     local_sizes: list[int] = at_least([96], 1)
-    n_local: list[int] = at_least([8], 0)
+    n_local: list[int] = at_least([8], 0, resume=NOTED)  # more or fewer local crops: no checkpointed shape
     local_scale: list[float] = within([0.05, 0.4], 0.0, 1.0)
     ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
     interpolation: str = choice("bicubic", listed_in("scale.data.views", "INTERPOLATION"))  # bicubic, bilinear
@@ -45,7 +45,7 @@ class ViewsConfig:
 @dataclass
 class DataConfig:
     # a shard directory with an _info.json manifest; ${oc.env:SCALE_DATA,data} lets a cluster point elsewhere
-    train: str = "${oc.env:SCALE_DATA,data}/imagenet1k/train"
+    train: str = plain("${oc.env:SCALE_DATA,data}/imagenet1k/train", NOTED)  # moved shards; the position is kept
     val: str = "${oc.env:SCALE_DATA,data}/imagenet1k/val"
     # torchvision | dali (the extra `dali`; multicrop and two_view views)
     backend: str = choice("torchvision", listed_in("scale.data.factory", "BACKENDS"))
@@ -57,5 +57,5 @@ class DataConfig:
     prefetch_to_device: bool = True
     shuffle_buffer: int = at_least(2000, 0)
     error_budget: float = within(0.001, 0.0, 1.0)  # fraction of samples that may be bad before the run stops
-    num_classes: int = at_least(1000, 1)
+    num_classes: int = at_least(1000, 1, resume=FIXED)  # the class heads' width
     views: ViewsConfig = field(default_factory=ViewsConfig)

@@ -82,7 +82,7 @@ class Engine(abc.ABC):
     def save_native(self, folder) -> None:
         raise NotImplementedError(f"{type(self).__name__} checkpoints through DCP: use state_dict")
 
-    def load_native(self, folder, saved_world_size: int) -> None:
+    def load_native(self, folder, saved_world_size: int, optimizer: bool = True) -> None:
         raise NotImplementedError(f"{type(self).__name__} checkpoints through DCP: use load_state_dict")
 
     @abc.abstractmethod

@@ -2,13 +2,13 @@
 
 from dataclasses import dataclass, field
 
-from scale.config.fields import at_least, choice, listed_in
+from scale.config.fields import FIXED, at_least, choice, listed_in
 from scale.engine.kinds import KINDS
 
 
 @dataclass
 class EngineConfig:
-    kind: str = choice("fsdp2", lambda: list(KINDS))
+    kind: str = choice("fsdp2", lambda: list(KINDS), resume=FIXED)
     precision: str = choice("fp32", listed_in("scale.engine.precision", "DTYPES"))  # fp32, bf16, fp16 (GPU only)
     # none, full, every_n, selective: see scale/engine/activation.py
     activation_checkpointing: str = choice("none", listed_in("scale.engine.activation", "MODES"))
@@ -18,7 +18,7 @@ class EngineConfig:
     # kernel problem from a tracing one, and cheap to compile for tests)
     compile: bool = False
     compile_backend: str = choice("inductor", ["inductor", "aot_eager"])
-    zero_stage: int = choice(1, listed_in("scale.engine.kinds", "ZERO_STAGES"))  # deepspeed only: 1, 2, 3
+    zero_stage: int = choice(1, listed_in("scale.engine.kinds", "ZERO_STAGES"), resume=FIXED)  # deepspeed only: 1, 2, 3
     grad_accum: int = at_least(1, 1)
     # fsdp2: shard each parameter over groups of shard_size ranks and replicate across the groups (HSDP; one node's
     # GPUs per group keeps the all-gathers and reduce-scatters on the fast links); 0 = all ranks (plain FSDP).
@@ -34,7 +34,7 @@ class EngineConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = choice("adamw", listed_in("scale.optim", "OPTIMIZERS"))  # adamw, lars, lamb, sgd
+    name: str = choice("adamw", listed_in("scale.optim", "OPTIMIZERS"), resume=FIXED)  # adamw, lars, lamb, sgd
     lr: float = at_least(5e-4, 0.0)  # base learning rate at ref_batch
     lr_scaling: str = choice("linear", ["linear", "sqrt", "none"])  # lr * scale(global_batch / ref_batch)
     ref_batch: int = at_least(256, 1)

@@ -384,9 +384,9 @@ class DeepSpeedEngine(Engine):
             self.save_teacher(folder)
         dist.barrier()
 
-    def load_native(self, folder, saved_world_size: int) -> None:
+    def load_native(self, folder, saved_world_size: int, optimizer: bool = True) -> None:
         """On the saving world size, DeepSpeed's own load; on another (ZeRO-1/2), through its universal checkpoint
-        format, converted once beside the checkpoint."""
+        format, converted once beside the checkpoint. `optimizer` False: the optimizer keeps its fresh state."""
         folder = Path(folder)
         elastic = saved_world_size != self.dist_info.world_size
         if elastic and self.stage == 3:
@@ -400,7 +400,12 @@ class DeepSpeedEngine(Engine):
         before = [dict(group) for group in groups]
         self.ds._config.load_universal_checkpoint = elastic
         try:
-            path, _ = self.ds.load_checkpoint(str(universal_folder(folder) if elastic else folder), tag=CHECKPOINT_TAG)
+            path, _ = self.ds.load_checkpoint(
+                str(universal_folder(folder) if elastic else folder),
+                tag=CHECKPOINT_TAG,
+                load_optimizer_states=optimizer,
+                load_lr_scheduler_states=optimizer,
+            )
         finally:
             self.ds._config.load_universal_checkpoint = False
         for group, kept in zip(groups, before):  # a load copies the saved groups' settings (ZeRO-3's universal

@@ -156,9 +156,16 @@ class TorchEngine(Engine):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        set_state_dict(
-            self.method.student, self.optimizer, model_state_dict=state["student"], optim_state_dict=state["optimizer"]
-        )
+        """Without "optimizer" (train.reset=[optimizer]) the optimizer keeps its fresh state."""
+        if "optimizer" in state:
+            set_state_dict(
+                self.method.student,
+                self.optimizer,
+                model_state_dict=state["student"],
+                optim_state_dict=state["optimizer"],
+            )
+        else:
+            set_model_state_dict(self.method.student, state["student"])
         if self.method.teacher is not None:
             set_model_state_dict(self.method.teacher, state["teacher"])
         if self.scaler is not None and "scaler" in state:

@@ -13,22 +13,16 @@ log = logging.getLogger(__name__)
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """A state dict from a .safetensors file or a torch file (loaded with weights_only: no code runs)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"--weights: file not found: {path}")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+    """The backbone state dict of a weights file in any layout scale reads (scale/checkpoint/layouts.py: exports,
+    timm, official DINO/EsViT/MoCo v3/DRLoc/DINOv2 checkpoints; the teacher's where it has both); no code runs."""
+    from scale.checkpoint.layouts import backbone_of, read_source
 
-            return load_file(str(path), device="cpu")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # safetensors and torch raise many types for a bad file
-        raise UserError(f"--weights {path}: cannot read weights ({type(err).__name__}: {err})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError(
-            f"--weights {path}: expected a backbone state dict (name -> tensor), as `scale ckpt export` writes"
-        )
+    try:
+        source = read_source(path)
+    except UserError as err:
+        raise UserError(f"--weights {err}") from None
+    whose, state = backbone_of(source)
+    log.info("--weights %s: %s backbone of a %s (%d tensors)", path, whose, source.layout, len(state))
     return state
 
 

@@ -2,17 +2,17 @@
 
 from dataclasses import dataclass, field
 
-from scale.config.fields import at_least, choice, listed_in, within
+from scale.config.fields import FIXED, at_least, choice, listed_in, plain, within
 
 
 @dataclass
 class DinoConfig:
-    out_dim: int = at_least(65536, 1)
-    hidden_dim: int = at_least(2048, 1)
-    bottleneck_dim: int = at_least(256, 1)
-    head_layers: int = at_least(3, 1)
-    use_bn_in_head: bool = False
-    norm_last_layer: bool = True
+    out_dim: int = at_least(65536, 1, resume=FIXED)
+    hidden_dim: int = at_least(2048, 1, resume=FIXED)
+    bottleneck_dim: int = at_least(256, 1, resume=FIXED)
+    head_layers: int = at_least(3, 1, resume=FIXED)
+    use_bn_in_head: bool = plain(False, FIXED)
+    norm_last_layer: bool = plain(True, FIXED)
     student_temp: float = at_least(0.1, 1e-8)
     teacher_temp: float = at_least(0.04, 1e-8)
     warmup_teacher_temp: float = at_least(0.04, 1e-8)
@@ -25,7 +25,7 @@ class DinoConfig:
     centering: str = choice("center", ["center", "sinkhorn"])  # sinkhorn: row 3
     sinkhorn_iters: int = at_least(3, 1)
     loss: str = choice("ce", ["ce", "mse"])  # mse: row 5, squared error between teacher and student probabilities
-    predictor: bool = False  # row 6: 2-layer MLP on the student's bottleneck
+    predictor: bool = plain(False, FIXED)  # row 6: 2-layer MLP on the student's bottleneck
     # EsViT region loss
     region_weight: float = 0.5
     region_from_epoch: int = at_least(0, 0)
@@ -33,25 +33,25 @@ class DinoConfig:
 
 @dataclass
 class MocoConfig:
-    variant: str = choice("mocov3", ["mocov3", "mocov2", "simclr", "byol", "swav"])
-    dim: int = at_least(256, 1)
-    mlp_dim: int = at_least(4096, 1)
-    proj_layers: int = at_least(3, 1)
-    pred_layers: int = at_least(2, 0)
+    variant: str = choice("mocov3", ["mocov3", "mocov2", "simclr", "byol", "swav"], resume=FIXED)
+    dim: int = at_least(256, 1, resume=FIXED)
+    mlp_dim: int = at_least(4096, 1, resume=FIXED)
+    proj_layers: int = at_least(3, 1, resume=FIXED)
+    pred_layers: int = at_least(2, 0, resume=FIXED)
     temperature: float = at_least(0.2, 1e-8)
     momentum: float = within(0.99, 0.0, 1.0)  # cosine to 1 when momentum_cosine
     momentum_cosine: bool = True
-    bn_in_heads: bool = True
+    bn_in_heads: bool = plain(True, FIXED)
     # MoCo v3 appendix: per_view = the two crops of an image never share a BN batch (Alg. 1); joint = one batch
     bn_batching: str = choice("per_view", ["per_view", "joint"])
     # SwAV (MoCo v3 Table 4): prototypes on the projection, Sinkhorn-Knopp codes, no queue
-    swav_prototypes: int = at_least(3000, 1)
+    swav_prototypes: int = at_least(3000, 1, resume=FIXED)
     swav_epsilon: float = 0.05
     swav_temperature: float = 0.1
     swav_freeze_prototypes_steps: int = 313
     sinkhorn_iters: int = at_least(3, 1)
     # MoCo v2 (DINO Table 7 row 8): negatives from a queue of past keys of every rank
-    queue_size: int = at_least(65536, 1)
+    queue_size: int = at_least(65536, 1, resume=FIXED)
 
 
 @dataclass
@@ -59,8 +59,8 @@ class DrlocConfig:
     pairs: int = at_least(64, 1)
     weight: float = 0.5  # lambda: 0.5 for Swin, 0.1 for others
     # l1 Eq. 2 | signed Eq. 3 | ce Eq. 5 | gaussian Eq. 6
-    mode: str = choice("l1", listed_in("scale.methods.drloc", "MODES"))
-    every_block: bool = False  # Eq. 7: one localization MLP per block
+    mode: str = choice("l1", listed_in("scale.methods.drloc", "MODES"), resume=FIXED)
+    every_block: bool = plain(False, FIXED)  # Eq. 7: one localization MLP per block
     exhaustive: bool = False  # Eq. 8: every embedding once, with a random partner
     grid: int = at_least(7, 1)  # grids larger than this are average-pooled to it
     # The official code (yhlleo/VTs-Drloc, which produced the tables) departs from the paper's text; each departure
@@ -85,7 +85,7 @@ class DrlocConfig:
     weight_schedule: str = choice("ramp", ["ramp", "constant"])
     weight_warmup_epochs: int = at_least(20, 0)
     weight_total_epochs: int = at_least(300, 1)
-    hidden_dim: int = at_least(512, 1)
+    hidden_dim: int = at_least(512, 1, resume=FIXED)
 
 
 @dataclass
@@ -98,7 +98,7 @@ class SupervisedConfig:
 @dataclass
 class MethodConfig:
     # dino | esvit | mocov3 | drloc | supervised; kind mocov3 runs the framework named by moco.variant
-    kind: str = choice("dino", ["dino", "esvit", "mocov3", "drloc", "supervised"])
+    kind: str = choice("dino", ["dino", "esvit", "mocov3", "drloc", "supervised"], resume=FIXED)
     dino: DinoConfig = field(default_factory=DinoConfig)
     moco: MocoConfig = field(default_factory=MocoConfig)
     drloc: DrlocConfig = field(default_factory=DrlocConfig)

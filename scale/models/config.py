@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from scale.config.fields import at_least, choice, listed_in, within
+from scale.config.fields import FIXED, at_least, choice, listed_in, plain, within
 
 
 def backbone_names() -> list[str]:
@@ -13,25 +13,27 @@ def backbone_names() -> list[str]:
 
 @dataclass
 class ModelConfig:
-    name: str = choice("vit_small", backbone_names)  # vit_small, vit_base, swin_tiny, ... (`scale models table`)
+    name: str = choice(
+        "vit_small", backbone_names, resume=FIXED
+    )  # vit_small, vit_base, swin_tiny, ... (`scale models table`)
     patch_size: int | None = at_least(
-        None, 1
+        None, 1, resume=FIXED
     )  # None: the family's default (ViT 16, vit_nano 8, Swin 4; unused by ResNet)
     img_size: int = at_least(
-        224, 1
+        224, 1, resume=FIXED
     )  # size the learned pos-embed and Swin windows are built for; other sizes are interpolated
-    num_heads: int | None = at_least(None, 1)  # None: the family's default (MoCo v3's ViT-S uses 12)
+    num_heads: int | None = at_least(None, 1, resume=FIXED)  # None: the family's default (MoCo v3's ViT-S uses 12)
     drop_path: float = within(0.1, 0.0, 1.0)
     # learned (bicubic-interpolated) | sincos (fixed 2-D, MoCo v3) | none
-    pos_embed: str = choice("learned", listed_in("scale.models.vit", "POS_EMBEDS"))
+    pos_embed: str = choice("learned", listed_in("scale.models.vit", "POS_EMBEDS"), resume=FIXED)
     # sincos only: a parameter initialised with the sin-cos table and trained, as DeiT's learned embedding is when it
     # loads a MoCo v3 checkpoint (MoCo v3 Table 5, transfer/README.md); False: fixed, a buffer checkpoints carry
-    pos_embed_trainable: bool = False
-    frozen_patch_embed: bool = False  # MoCo v3 random patch projection
+    pos_embed_trainable: bool = plain(False, FIXED)
+    frozen_patch_embed: bool = plain(False, FIXED)  # MoCo v3 random patch projection
     # cls | avg: MoCo v3 ablation, no class token, global average pool
-    pooling: str = choice("cls", listed_in("scale.models.vit", "POOLINGS"))
-    final_norm: bool = True
-    bn_mlp: bool = False  # ViT-BN: BatchNorm instead of LayerNorm before the MLP of every block
-    window_size: int = at_least(7, 1)  # Swin: 7, or 14 (EsViT W14: 14 in stages 1-3, 7 in stage 4)
+    pooling: str = choice("cls", listed_in("scale.models.vit", "POOLINGS"), resume=FIXED)
+    final_norm: bool = plain(True, FIXED)
+    bn_mlp: bool = plain(False, FIXED)  # ViT-BN: BatchNorm instead of LayerNorm before the MLP of every block
+    window_size: int = at_least(7, 1, resume=FIXED)  # Swin: 7, or 14 (EsViT W14: 14 in stages 1-3, 7 in stage 4)
     # ViT: "" timm/DINO trunc-normal 0.02 | moco: xavier per q/k/v
     weight_init: str = choice("", listed_in("scale.models.vit", "INIT_MODES"))

@@ -53,6 +53,7 @@ def test_mismatched_weights_fail_naming_the_file_before_any_rank_starts(embedded
     save_file(state, str(path))
     out = run_train(embedded_data, tmp_path / "run", FROZEN + [f"train.init_weights={path}"])
     assert out.returncode == 2, out.stderr[-3000:]
-    assert out.stderr.count("wrong.safetensors does not match") == 1 and "Traceback" not in out.stderr
-    assert ("shapes " in out.stderr) == (wrong == "shapes")
+    assert out.stderr.count("wrong.safetensors: the file (backbone state dict") == 1, out.stderr[-3000:]
+    assert "does not fit the recipe's student" in out.stderr and "Traceback" not in out.stderr
+    assert (" in the file, " in out.stderr) == (wrong == "shapes")  # names the key and both shapes
     assert not list((tmp_path / "run").glob("logs/rank*.log"))  # no rank was started

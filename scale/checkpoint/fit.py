@@ -1,0 +1,66 @@
+"""Whether a checkpoint fits the run that loads it: the names and shapes of its model, optimizer and method tensors
+against the ones this run would fill. A misfit is a user error (a setting that shapes a tensor changed, or another
+run's checkpoint), never damage: it names the key and both shapes, and nothing is skipped or deleted."""
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from scale.errors import UserError
+
+# the parts of the flattened DCP state whose layout the recipe decides (not the loader's or the RNG's)
+# (the model's first: a misfit is named by its parameter before its optimizer moments)
+SHAPED = ("engine.student.", "engine.teacher.", "run.method.", "engine.optimizer.state.")
+
+
+def flat_shapes(state: dict, prefix: str = "") -> dict[str, tuple[int, ...]]:
+    """{dotted key: shape} of every tensor in nested dicts, keyed as DCP flattens them (the checkpoint's
+    non-tensor items, stored as bytes, are not compared)."""
+    out = {}
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_shapes(value, name + "."))
+        elif isinstance(value, torch.Tensor):
+            out[name] = tuple(value.shape)  # a DTensor's shape is the full one, as DCP stores it
+    return out
+
+
+def _has(state: dict, dotted: str) -> bool:
+    node = state
+    for part in dotted.rstrip(".").split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def misfit(
+    wanted: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]], scopes: tuple[str, ...] = SHAPED
+) -> str | None:
+    """The first key under `scopes` whose shape differs or which only one side has, described; None when they
+    fit."""
+    keys = set(wanted) | set(saved)
+    for key in (k for scope in scopes for k in sorted(keys) if k.startswith(scope)):
+        if key not in saved:
+            return f"{key} {list(wanted[key])} is not in the checkpoint"
+        if key not in wanted:
+            return f"the checkpoint's {key} {list(saved[key])} is not in this run's model"
+        if saved[key] != wanted[key]:
+            return f"{key} is {list(saved[key])} in the checkpoint, {list(wanted[key])} in this run"
+    return None
+
+
+def check_fits(folder, state: dict, metadata: Metadata, main: bool = True) -> None:
+    """Raise UserError when the DCP checkpoint described by `metadata` cannot fill `state`. Every rank finds the
+    same: only the `main` one says why, the others exit with the same status silently."""
+    saved = {k: tuple(v.size) for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+    scopes = tuple(p for p in SHAPED if _has(state, p))  # a part left out on purpose (train.reset) is not read
+    problem = misfit(flat_shapes(state), saved, scopes)
+    if problem and not main:
+        raise SystemExit(UserError.exit_code)
+    if problem:
+        raise UserError(
+            f"{folder} does not fit this run: {problem}. A setting that shapes it changed since the checkpoint "
+            "was written (or it is another run's); nothing was loaded or deleted. Restore the setting, or start a "
+            "new run from its weights (train.init_weights). See README 'Resuming, rolling back and changing a run'."
+        )

@@ -1,0 +1,65 @@
+"""Shareable weights out: `scale ckpt export --format timm|hf` writes a folder timm loads strictly (config.json,
+model.safetensors, a model card with the recipe, its sources and the measured numbers), also through torch.hub
+from the repository's hubconf.py."""
+
+import json
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+from scale.checkpoint.export import export
+from scale.config import load_recipe
+from scale.models import build_backbone
+from scale.rundir import RunDir
+from tests.checkpoint.test_steering import toy
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory: the demo recipe's config.yaml, a sealed checkpoint whose teacher backbone is known, and a
+    k-NN result."""
+    cfg = load_recipe("demo/dino_tiny")
+    run = RunDir(tmp_path / "run").create()
+    run.write_config(cfg)
+    torch.manual_seed(3)
+    backbone = {k: v.clone() for k, v in build_backbone(cfg.model).state_dict().items()}
+    saver, engine, _ = toy(run.checkpoints, 0.0)
+    engine.state = {"teacher": {f"backbone.{k}": v for k, v in backbone.items()}}
+    saver.save(5)
+    (run.root / "eval").mkdir()
+    (run.root / "eval" / "knn.json").write_text(json.dumps({"knn_top1": 71.7, "k": 20}))
+    return run.root, backbone
+
+
+@pytest.mark.parametrize("fmt", ["timm", "hf"])
+def test_export_loads_into_timm_strictly_and_through_torch_hub(run_dir, tmp_path, fmt):
+    root, backbone = run_dir
+    out = export(root, "teacher-backbone", fmt, tmp_path / "export")
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "README.md"}
+    model = timm.create_model(f"local-dir:{out}", pretrained=True)  # timm's own strict load
+    loaded = model.state_dict()
+    assert loaded.keys() == backbone.keys() and all(torch.equal(loaded[k], v) for k, v in backbone.items())
+    hub = torch.hub.load(str(REPO), "backbone", path=str(out), source="local")
+    assert all(torch.equal(hub.state_dict()[k], v) for k, v in backbone.items())
+    x = torch.randn(2, 3, 16, 16)
+    assert hub.eval()(x).shape == (2, 64)
+    card = (out / "README.md").read_text()
+    assert "demo/dino_tiny" in card and '"knn_top1": 71.7' in card and "## Where the settings come from" in card
+    assert card.startswith("---\nlibrary_name: timm") == (fmt == "hf")
+
+
+def test_export_refuses_a_backbone_timm_cannot_rebuild(tmp_path):
+    cfg = load_recipe("demo/esvit_tiny")
+    run = RunDir(tmp_path / "run").create()
+    run.write_config(cfg)
+    saver, engine, _ = toy(run.checkpoints, 0.0)
+    engine.state = {"teacher": {"backbone.x": torch.zeros(2)}}
+    saver.save(1)
+    from scale.errors import UserError
+
+    with pytest.raises(UserError, match="not a plain ViT; export with --format safetensors"):
+        export(run.root, "teacher-backbone", "timm", tmp_path / "export")
