@@ -125,7 +125,6 @@ class Trainer:
         self.checkpointer = Checkpointer(
             run.checkpoints, cfg, info, self.engine, self.method, self.loader, self.step.monitors
         )
-        self.metrics = Trackers(cfg, run.root, info.is_main)
         out_dim = cfg.method.dino.out_dim if cfg.method.kind in ("dino", "esvit") else None
         self.collapse = CollapseAlarm(cfg, self.steps_per_epoch, out_dim, info.dp_group)
         self.preemption = Preemption(list(cfg.train.preempt_signals), info.dp_group)
@@ -140,6 +139,10 @@ class Trainer:
 
     def fit(self) -> int:
         start = self.checkpointer.resume()
+        # opened after the resume: a rollback or reset continues in new tracker runs (README 'Tracking runs')
+        self.metrics = Trackers(
+            self.cfg, self.run.root, self.info.is_main, branch_at=start if self.checkpointer.steered else None
+        )
         stop = self.stop_step()
         log.info(
             "training %s: steps %d..%d of %d (%d per epoch), world size %d (%s), engine %s",

@@ -54,6 +54,7 @@ class Checkpointer:
         # never interleave with the training step's collectives on the main group (which hangs gloo)
         self._async_group = dist.new_group(backend="gloo") if cfg.train.async_save and dist.is_initialized() else None
         self.last_save_stall_s = 0.0
+        self.steered = False  # whether resume() applied train.resume_step/train.reset (a new timeline from there)
 
     def has(self, step: int) -> bool:
         return (self.store.root / step_name(step)).is_dir() or (self._pending is not None and self._pending[0] == step)
@@ -259,7 +260,8 @@ class Checkpointer:
         if start != step:
             log.info("train.reset: the step count restarts at 0 (schedules from the start), weights of step %d", step)
         aside = self._set_aside(start if start == step else -1)
-        if steering != Steering() and self.info.is_main:
+        self.steered = steering != Steering()
+        if self.steered and self.info.is_main:
             record(self.store.root, steering, step, aside)
         return start
 

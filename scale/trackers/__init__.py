@@ -85,6 +85,18 @@ class TrackerState:
         tmp.replace(self.path)
 
 
+def branch(state: TrackerState, step: int) -> None:
+    """A rolled-back run is a new timeline: the trackers' runs that went past `step` are kept as they are (a W&B
+    run cannot take a step lower than one it has), and the run continues in new tracker runs from `step`."""
+    log.warning(
+        "trackers: the run continues from step %d in new tracker runs; the previous ones (%s) end at step %d",
+        step,
+        ", ".join(f"{name} {run_id}" for name, run_id in state.ids.items()) or "none",
+        state.last_step,
+    )
+    state.ids, state.last_step = {}, step
+
+
 def open_sinks(cfg: DictConfig, root: Path, state: TrackerState) -> dict:
     settings, config = tracker_settings(cfg), run_config(cfg, root)
     sinks = {}
@@ -99,12 +111,15 @@ def open_sinks(cfg: DictConfig, root: Path, state: TrackerState) -> dict:
 class Trackers:
     """The loop's one metrics writer: `log(step, record)` on log steps, `close()` at the end; a no-op off rank 0."""
 
-    def __init__(self, cfg: DictConfig, root: Path, enabled: bool):
+    def __init__(self, cfg: DictConfig, root: Path, enabled: bool, branch_at: int | None = None):
+        """`branch_at`: the step a deliberate rollback or reset (train.resume_step, train.reset) continues from."""
         self.enabled = enabled
         if not enabled:
             return
         self.jsonl = JsonlSink(root / "metrics.jsonl")
         self.state = TrackerState(root)
+        if branch_at is not None and branch_at < self.state.last_step:
+            branch(self.state, branch_at)
         self.sinks = open_sinks(cfg, root, self.state)
         self.replayed = False
 

@@ -121,3 +121,24 @@ def test_a_preempted_and_resumed_training_is_one_tracker_run(embedded_data, tmp_
     assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")] == [1, 2, 3, 4, 5, 6]
     jsonl = {row["step"]: row["loss"] for row in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
     assert {s: attempts[s > 3]["history"][s]["loss"] for s in range(1, 7)} == pytest.approx(jsonl)
+
+
+def test_a_rollback_continues_in_a_new_tracker_run_and_keeps_the_old_one(tmp_path):
+    """train.resume_step back to step 2 after step 5 was sent: the new timeline's steps 3 and 4 are sent (not taken
+    for replays) to a new MLflow run; the first run keeps steps 1..5."""
+    cfg = recipe(["train.trackers=[mlflow]"])
+    RunDir(tmp_path).create()
+    OmegaConf.save(cfg, tmp_path / "config.yaml")
+    attempt(cfg, tmp_path, [1, 2, 3, 4, 5])
+    trackers = Trackers(cfg, tmp_path, enabled=True, branch_at=2)
+    for step in (3, 4):
+        trackers.log(step, {"loss": 10.0 * step})
+    trackers.close()
+
+    client, runs = mlflow_runs(tmp_path)
+    histories = sorted([m.step, m.value] for run in runs for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert len(runs) == 2
+    steps = {run.info.run_id: [m.step for m in client.get_metric_history(run.info.run_id, "loss")] for run in runs}
+    assert sorted(steps.values()) == [[1, 2, 3, 4, 5], [3, 4]]
+    assert [30.0, 40.0] == [value for step, value in histories if value >= 10]
+    assert json.loads((tmp_path / "trackers.json").read_text())["last_step"] == 4
