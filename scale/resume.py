@@ -73,4 +73,4 @@ def check_resumable(run: RunDir, cfg: DictConfig) -> None:
     """A run directory with a checkpoint continues only with a compatible recipe; one without (a start that failed
     before its first checkpoint) takes any recipe."""
     if run.config.exists() and CheckpointStore(run.checkpoints).step_dirs():
-        check_compatible(from_dict(OmegaConf.to_container(OmegaConf.load(run.config))), cfg, str(run.root))
+        check_compatible(from_dict(run.read_config(), str(run.config)), cfg, str(run.root))

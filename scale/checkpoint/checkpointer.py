@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig
 from torch.distributed.checkpoint.api import CheckpointException
 
-from scale.checkpoint import rng
+from scale.checkpoint import rng, rollback
 from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
 from scale.checkpoint.store import CheckpointStore, step_name
 from scale.engine.dist import DistInfo
@@ -239,8 +239,13 @@ class Checkpointer:
             run_state = load_torch(folder / "run_state.pt")
         else:
             state = {"engine": self.engine.state_dict(), "run": self._run_state(0)}
-            reader = SafeReader(str(folder / "dcp"))
-            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self.group)
+            saved = rollback.snapshot(state)  # a load that fails half-way leaves none of its tensors
+            try:
+                reader = SafeReader(str(folder / "dcp"))
+                dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self.group)
+            except BaseException:
+                rollback.restore(saved)
+                raise
             self.engine.load_state_dict(state["engine"])
             run_state = state["run"]
         self.method.load_state_dict(run_state["method"])

@@ -4,6 +4,10 @@
     mode: str = choice("none", listed_in("scale.engine.activation", "MODES"))  # the list the implementation reads
     workers: int = at_least(4, 0)  # a lower bound; for a list, of each element; None always passes
     flip_p: float = within(0.5, 0.0, 1.0)  # both bounds, inclusive
+    eps: float = above(1e-8, 0.0)  # a strict lower bound
+    betas: list[float] = below([0.9, 0.999], 0.0, 1.0)  # an inclusive lower and a strict upper bound
+
+Every float, checked or not, must be finite (no .nan or .inf).
 
 Where the implementation keeps a table or tuple of the choices, the schema reads that one (`listed_in`) and the
 implementation does not check the value again: the loader has. Adding a choice is adding it to that one list;
@@ -43,3 +47,11 @@ def at_least(default: Any, low: float) -> Any:
 
 def within(default: Any, low: float, high: float) -> Any:
     return _field(default, low=low, high=high)
+
+
+def above(default: Any, low: float) -> Any:
+    return _field(default, above=low)
+
+
+def below(default: Any, low: float, high: float) -> Any:
+    return _field(default, low=low, below=high)
