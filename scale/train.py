@@ -1,6 +1,7 @@
 """The training loop: the only place that sees the data, the method, the engine and the checkpoints together."""
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -17,12 +18,14 @@ from scale.engine.parallel import ParallelContext, as_parallel, parallel_context
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.eval.classify import Validation, check_val_data
 from scale.faults import maybe_inject
-from scale.launch.local import already_launched, spawn
+from scale.launch.local import LAUNCH_MARK, already_launched, spawn
 from scale.methods import has_class_head
 from scale.preemption import Preemption
 from scale.progress import progress_bar
 from scale.resume import check_resumable
 from scale.rundir import MetricsWriter, RunDir, epochs_done, setup_logging
+from scale.runlock import RunLock
+from scale.runlock import hold as hold_run_lock
 from scale.step import NonFiniteStep, TrainStep, read_record
 
 log = logging.getLogger(__name__)
@@ -44,10 +47,14 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
         check_val_data(cfg)
     if spawning:
         flags = ["--synthetic-data"] if synthetic else []
-        return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root), *flags])
+        with RunLock(run.root) as lock:  # the ranks inherit it
+            fds = () if lock.fd is None else (lock.fd,)
+            return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root), *flags], pass_fds=fds)
     info, device = init_distributed()
     try:
-        return Trainer(cfg, run, parallel_context(info, device, cfg.engine.shard_size), device, synthetic).fit()
+        context = parallel_context(info, device, cfg.engine.shard_size)
+        with hold_run_lock(run.root, context.dp_group, inherited=LAUNCH_MARK in os.environ):
+            return Trainer(cfg, run, context, device, synthetic).fit()
     finally:
         shutdown()
 

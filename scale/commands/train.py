@@ -24,6 +24,10 @@ def register(sub) -> None:
 
 
 def cmd_train(args) -> int:
+    from scale.launch.local import already_launched, catch_early_signals
+
+    if args.nproc > 1 and not already_launched():  # this process will launch the ranks
+        catch_early_signals()
     from scale.preemption import launcher_status
     from scale.train import main
 
