@@ -13,6 +13,7 @@ from scale.checkpoint.init import check_init_weights
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.factory import build_loader
+from scale.diskspace import check_before_save, check_start
 from scale.engine.dist import DistInfo, detect, init_distributed, shutdown
 from scale.engine.parallel import ParallelContext, as_parallel, parallel_context
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
@@ -41,6 +42,7 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     check_launch(cfg, nproc if spawning else detect().world_size, data=not synthetic)
     run.check_writable()
     check_resumable(run, cfg)
+    check_start(run.checkpoints, run.root)
     if cfg.train.init_weights and not CheckpointStore(run.checkpoints).candidates():  # a fresh run loads them
         check_init_weights(cfg.model, cfg.train.init_weights)
     if validates(cfg, synthetic):
@@ -175,19 +177,24 @@ class Trainer:
                 maybe_inject("step", done)
                 maybe_inject("preempt", done)
                 if preempt_check and self.preemption.requested():
-                    self.checkpointer.save(done)
+                    self.save(done)
                     return PREEMPTED_EXIT_CODE
                 if save:
-                    self.checkpointer.save(done)
+                    self.save(done)
             if start < stop or not self.checkpointer.has(stop):
                 self.check_finite()
-                self.checkpointer.save(stop)
+                self.save(stop)
         finally:
             bar.close()
             self.metrics.close()
             self.checkpointer.close()
         log.info("finished at step %d; run directory %s", stop, self.run.root)
         return 0
+
+    def save(self, step: int) -> None:
+        """A checkpoint, once the disk has room for it: else every rank stops, before anything is written."""
+        check_before_save(self.run.checkpoints, self.run.root, step, self.info.is_main, self.info.dp_group)
+        self.checkpointer.save(step)
 
     def check_finite(self) -> None:
         """Collective, a host read of the non-finite guard: stops the run at the first bad step of any rank,
