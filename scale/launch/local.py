@@ -51,7 +51,8 @@ def run_ranks(
     ranks = Ranks(grace_s, STOP_GRACE_S if stop_grace_s is None else stop_grace_s)
     # installed before the first rank starts: a signal during start-up is forwarded, never the launcher's death
     previous = {s: signal.signal(s, ranks.forward) for s in FORWARDED}
-    ranks.signalled += early_signals()  # what came before (see catch_early_signals): the ranks are never started
+    for signum in early_signals():  # one that came before (see catch_early_signals): no rank is started
+        ranks.forward(signum, None)
     try:
         for rank in range(nproc if not ranks.signalled else 0):
             env = dict(
