@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from scale.errors import PREEMPTED_EXIT_CODE
+from scale.errors import PREEMPTED_EXIT_CODE, ConfigError
 from scale.runlock import RunLock
 from tests.helpers_run import TINY, clean_env, run_train
 
@@ -122,7 +122,18 @@ def test_one_live_run_per_run_directory_and_a_killed_owner_is_taken_over(embedde
     first.wait()
     wait_for(lambda: not any(alive(pid) for pid in ranks), "the orphaned ranks to end")
     assert list((run_dir / "checkpoints").glob("step_*")), "the ranks did not checkpoint when the launcher died"
-    with caplog.at_level(logging.WARNING, logger="scale.runlock"), RunLock(run_dir) as lock:
-        assert lock.fd is not None and f"pid {os.getpid()}" in (run_dir / ".lock").read_text()
+    lock = RunLock(run_dir)
+
+    def take_over() -> bool:
+        try:
+            lock.acquire()
+        except ConfigError:  # still held by what the ranks forked (their data workers) until those are gone
+            return False
+        return True
+
+    with caplog.at_level(logging.WARNING, logger="scale.runlock"):
+        wait_for(take_over, "the lock to be free")
+    assert lock.fd is not None and f"pid {os.getpid()}" in (run_dir / ".lock").read_text()
+    lock.release()
     assert f"taking over the lock of a run that is gone (pid {first.pid}" in caplog.text
     assert (run_dir / ".lock").read_text() == ""  # released
