@@ -5,7 +5,9 @@ Points:
 - `save`: SIGKILL inside the checkpoint write of STEP, after the files are on disk and before the directory is
   sealed (the resume tests);
 - `preempt`: SIGUSR1 right after step STEP, as Slurm's preemption notice would send it (the demo interrupts itself
-  this way at a known step: a signal sent from outside can arrive after a short run has already finished).
+  this way at a known step: a signal sent from outside can arrive after a short run has already finished);
+- `disk_full`: the run directory's file system reports no free space when the checkpoint of STEP is about to be
+  written (STEP 0: at start-up), as a full disk would (scale/diskspace.py).
 Unset in normal runs: each check is one dict lookup.
 """
 
@@ -14,15 +16,20 @@ import signal
 
 ENV = "SCALE_FAULT"
 SIGNALS = {"step": signal.SIGKILL, "save": signal.SIGKILL, "preempt": signal.SIGUSR1}
+POINTS = (*SIGNALS, "disk_full")
 
 
 def spec(point: str, step: int) -> str:
-    if point not in SIGNALS:
-        raise ValueError(f"unknown fault point '{point}' (one of {', '.join(SIGNALS)})")
+    if point not in POINTS:
+        raise ValueError(f"unknown fault point '{point}' (one of {', '.join(POINTS)})")
     return f"{point}@{step}"
 
 
-def maybe_inject(point: str, step: int) -> None:
+def active(point: str, step: int) -> bool:
     wanted = os.environ.get(ENV)
-    if wanted and wanted == spec(point, step):
+    return bool(wanted) and wanted == spec(point, step)
+
+
+def maybe_inject(point: str, step: int) -> None:
+    if active(point, step):
         os.kill(os.getpid(), SIGNALS[point])

@@ -47,6 +47,6 @@ def check_resumable(run: RunDir, cfg: DictConfig) -> list[str]:
     """A run directory with a checkpoint continues only with a compatible recipe (the changes it allowed but
     notes are returned); one without (a start that failed before its first checkpoint) takes any recipe."""
     if run.config.exists() and CheckpointStore(run.checkpoints).step_dirs():
-        saved = from_dict(OmegaConf.to_container(OmegaConf.load(run.config)))
+        saved = from_dict(run.read_config(), str(run.config))
         return check_compatible(saved, cfg, str(run.root))
     return []

@@ -39,6 +39,30 @@ class RunDir:
         except OSError as err:
             raise ConfigError(f"run directory {self.root}: cannot write there ({err.strerror or err})") from None
 
+    def read_config(self) -> dict:
+        """The saved recipe (config.yaml) as a dict; a damaged one is a ConfigError that says what to do."""
+        import yaml
+
+        from scale.config.load import parse_yaml
+
+        fix = (
+            "it is this run's resolved recipe, written at each start: restore it from a copy, or delete it to "
+            "continue with the recipe as given (without the check that it matches the checkpoints), or use a new "
+            "--run-dir"
+        )
+        try:
+            data = parse_yaml(self.config.read_text(encoding="utf-8"), self.config)
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{self.config}: not UTF-8 text (byte {err.start}); {fix}") from None
+        except OSError as err:
+            raise ConfigError(f"{self.config}: cannot read it ({err.strerror or err}); {fix}") from None
+        except yaml.YAMLError as err:
+            problem = str(getattr(err, "problem", None) or err).splitlines()[0]
+            raise ConfigError(f"{self.config}: not valid YAML ({problem}); {fix}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{self.config}: a YAML {type(data).__name__}, not a mapping of sections; {fix}")
+        return data
+
     def write_config(self, cfg: DictConfig) -> None:
         tmp = self.config.with_suffix(".yaml.tmp")
         tmp.write_text(OmegaConf.to_yaml(cfg))

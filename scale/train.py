@@ -1,6 +1,7 @@
 """The training loop: the only place that sees the data, the method, the engine and the checkpoints together."""
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -12,17 +13,20 @@ from scale.checkpoint.init import check_init_weights
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.factory import build_loader
+from scale.diskspace import check_before_save, check_start
 from scale.engine.dist import DistInfo, detect, init_distributed, shutdown
 from scale.engine.parallel import ParallelContext, as_parallel, parallel_context
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.eval.classify import Validation, check_val_data
 from scale.faults import maybe_inject
-from scale.launch.local import already_launched, spawn
+from scale.launch.local import LAUNCH_MARK, already_launched, spawn
 from scale.methods import has_class_head
 from scale.preemption import Preemption
 from scale.progress import progress_bar
 from scale.resume import check_resumable
 from scale.rundir import RunDir, epochs_done, setup_logging
+from scale.runlock import RunLock
+from scale.runlock import hold as hold_run_lock
 from scale.step import NonFiniteStep, TrainStep, read_record
 from scale.trackers import Trackers, check_trackers
 from scale.watch.collapse import CollapseAlarm
@@ -42,16 +46,21 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     check_trackers(cfg)
     run.check_writable()
     check_resumable(run, cfg)
+    check_start(run.checkpoints, run.root)
     if cfg.train.init_weights and not CheckpointStore(run.checkpoints).candidates():  # a fresh run loads them
         check_init_weights(cfg)
     if validates(cfg, synthetic):
         check_val_data(cfg)
     if spawning:
         flags = ["--synthetic-data"] if synthetic else []
-        return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root), *flags])
+        with RunLock(run.root) as lock:  # the ranks inherit it
+            fds = () if lock.fd is None else (lock.fd,)
+            return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root), *flags], pass_fds=fds)
     info, device = init_distributed()
     try:
-        return Trainer(cfg, run, parallel_context(info, device, cfg.engine.shard_size), device, synthetic).fit()
+        context = parallel_context(info, device, cfg.engine.shard_size)
+        with hold_run_lock(run.root, context.dp_group, inherited=LAUNCH_MARK in os.environ):
+            return Trainer(cfg, run, context, device, synthetic).fit()
     finally:
         shutdown()
 
@@ -189,16 +198,16 @@ class Trainer:
                 maybe_inject("preempt", done)
                 if preempt_check and self.preemption.requested():
                     self.heartbeat.enter("checkpoint")
-                    self.checkpointer.save(done)
+                    self.save(done)
                     ended = "preempted"
                     return PREEMPTED_EXIT_CODE
                 if save:
                     self.heartbeat.enter("checkpoint")
-                    self.checkpointer.save(done)
+                    self.save(done)
             if start < stop or not self.checkpointer.has(stop):
                 self.check_finite()
                 self.heartbeat.enter("checkpoint")
-                self.checkpointer.save(stop)
+                self.save(stop)
             ended = "finished"
         finally:
             self.heartbeat.close(ended)
@@ -207,6 +216,11 @@ class Trainer:
             self.checkpointer.close()
         log.info("finished at step %d; run directory %s", stop, self.run.root)
         return 0
+
+    def save(self, step: int) -> None:
+        """A checkpoint, once the disk has room for it: else every rank stops, before anything is written."""
+        check_before_save(self.run.checkpoints, self.run.root, step, self.info.is_main, self.info.dp_group)
+        self.checkpointer.save(step)
 
     def check_finite(self) -> None:
         """Collective, a host read of the non-finite guard: stops the run at the first bad step of any rank,

@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig
 from torch.distributed.checkpoint.api import CheckpointException
 
-from scale.checkpoint import rng
+from scale.checkpoint import rng, rollback
 from scale.checkpoint.fit import check_fits
 from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
 from scale.checkpoint.steering import Steering, pending, record
@@ -298,7 +298,12 @@ class Checkpointer:
                 state["engine"] = {k: v for k, v in state["engine"].items() if k not in ("optimizer", "scaler")}
             reader = SafeReader(str(folder / "dcp"))
             check_fits(folder, state, reader.read_metadata(), self.info.is_main)
-            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self.group)
+            saved = rollback.snapshot(state)  # a load that fails half-way leaves none of its tensors
+            try:
+                dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self.group)
+            except BaseException:
+                rollback.restore(saved)
+                raise
             self.engine.load_state_dict(state["engine"])
             run_state = state["run"]
         self.method.load_state_dict(run_state["method"])

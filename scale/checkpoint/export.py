@@ -63,17 +63,19 @@ def checksum(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()[:16]
 
 
-def checked(path: str | Path) -> Path:
-    """The step directory `path` resolves to, once every file in it has been read as data (exit 2 otherwise)."""
+def checked(path: str | Path, verify: bool = True) -> Path:
+    """The step directory `path` resolves to, once every file in it has been read as data and (`verify`) matched
+    with its checksum (exit 2 otherwise)."""
     folder = resolve(path)
-    problem = check_files(folder)
+    problem = check_files(folder, verify=verify)
     if problem:
         raise UserError(f"{folder}: damaged checkpoint: {problem}")
     return folder
 
 
-def info(path: str | Path) -> dict:
-    folder = checked(path)
+def info(path: str | Path, verify: bool = False) -> dict:
+    """`verify`: also match every file with the checksum recorded when it was saved (reads every byte)."""
+    folder = checked(path, verify)
     meta = CheckpointStore(folder.parent).read_meta(folder)
     sizes = meta.get("files", {})
     out = {
@@ -87,6 +89,8 @@ def info(path: str | Path) -> dict:
         "bytes": sum(sizes.values()),
         "files": len(sizes),
     }
+    if verify:
+        out["checksums"] = "verified" if meta.get("checksums") else "none recorded (saved before checksums were)"
     if (folder / "dcp").is_dir():
         keys = tensor_keys(folder)
         for part in ("student", "teacher", "optimizer"):

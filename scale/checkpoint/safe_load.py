@@ -6,7 +6,9 @@
   DCP's metadata classes, and DCP's non-tensor items (pickled by torch.save) load with weights_only.
 
 `check_files` reads a checkpoint's files this way before anything else does (DeepSpeed loads its files with
-weights_only=False): a file that would run code raises UnsafeCheckpoint (exit 2); a damaged one is reported.
+weights_only=False): every file on disk, whatever meta.json lists (DeepSpeed opens the files it finds, and a
+`universal/` folder beside them), then the checksums recorded at seal time. A file that would run code raises
+UnsafeCheckpoint (exit 2); a damaged or changed one is reported.
 """
 
 import io
@@ -20,6 +22,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
+from scale.checkpoint.checksum import mismatch
 from scale.errors import UserError
 
 
@@ -161,27 +164,45 @@ def _check_dcp_bytes(folder: Path, data_file: str) -> None:
         load_torch(io.BytesIO(raw), f"{folder / data_file} (item '{index.fqn}')")
 
 
+# files of DeepSpeed's folder that it reads as text or never opens; it may unpickle any other
+ENGINE_TEXT = ("latest", "latest_universal")
+ENGINE_SUFFIXES_NOT_LOADED = (".json", ".py")
+PARTIAL_CONVERSION = "engine/universal.partial/"  # a killed conversion's leftovers: deleted before the next one
+
+
 def check_file(folder: Path, name: str) -> None:
     """Read one file of a step directory as data; raises UnsafeCheckpoint or DamagedFile."""
     path = folder / name
-    if path.suffix == ".pt":
-        load_torch(path)
-    elif path.name == ".metadata":
+    in_engine = Path(name).parts[0] == "engine"
+    if path.name == ".metadata":
         read_dcp_metadata(path)
     elif path.suffix == ".distcp":
         _check_dcp_bytes(path.parent, path.name)
+    elif path.suffix == ".pt" or (
+        in_engine and path.name not in ENGINE_TEXT and path.suffix not in ENGINE_SUFFIXES_NOT_LOADED
+    ):
+        load_torch(path)
 
 
-def check_files(folder: Path, rank: int = 0, world_size: int = 1) -> str | None:
+def files_on_disk(folder: Path) -> list[str]:
+    names = (str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != "meta.json")
+    return [name for name in names if not name.startswith(PARTIAL_CONVERSION)]
+
+
+def check_files(folder: Path, rank: int = 0, world_size: int = 1, verify: bool = True) -> str | None:
     """This rank's share of a step directory's files (every world_size-th, so each file is read by one rank), read
-    as data. Returns why the checkpoint cannot be loaded, or None; raises UnsafeCheckpoint."""
+    as data, then (`verify`) checked against their checksums. Every file there counts, listed in meta.json or not
+    (but for what a killed universal conversion left, which is never read). Returns why the checkpoint cannot be
+    loaded, or None; raises UnsafeCheckpoint."""
     try:
-        names = sorted(json.loads((folder / "meta.json").read_text())["files"])
-    except (OSError, ValueError, KeyError) as err:
+        meta = json.loads((folder / "meta.json").read_text())
+        listed = meta["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
         return f"meta.json unreadable ({err})"
-    for name in names[rank::world_size]:
+    mine = sorted(set(listed) | set(files_on_disk(folder)))[rank::world_size]
+    for name in mine:
         try:
             check_file(folder, name)
         except DamagedFile as err:
             return str(err)
-    return None
+    return mismatch(folder, meta, [name for name in mine if name in listed]) if verify else None

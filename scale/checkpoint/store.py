@@ -2,7 +2,7 @@
 
 Layout: checkpoints/step_000001234/ (whatever the engine writes + rng/ + data_counters/ + meta.json) and checkpoints/latest (a text
 file naming the newest step directory). A step directory is written under a `.tmp-` name and renamed when complete;
-meta.json (with every file's size) is written before the rename, and `latest` is replaced last. A kill at any
+meta.json (with every file's size and checksum) is written before the rename, and `latest` is replaced last. A kill at any
 moment therefore leaves the previous checkpoint loadable, and a partial or damaged directory is detectable.
 """
 
@@ -12,6 +12,8 @@ import os
 import shutil
 import time
 from pathlib import Path
+
+from scale.checkpoint.checksum import checksums
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,9 @@ class CheckpointStore:
     def commit(self, step: int, meta: dict) -> Path:
         """Seal the staging directory: meta.json with file sizes, rename, then move `latest`."""
         staging = self.staging_dir(step)
-        meta = {**meta, "step": step, "saved_at": time.time(), "files": file_sizes(staging), "complete": True}
+        files = file_sizes(staging)
+        meta = {**meta, "step": step, "saved_at": time.time(), "files": files, "checksums": checksums(staging, files)}
+        meta["complete"] = True
         _write_atomic(staging / META, json.dumps(meta, indent=2))
         final = self.root / step_name(step)
         if final.exists():  # a re-save of the same step (e.g. preemption right after a periodic save)

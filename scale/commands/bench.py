@@ -12,6 +12,8 @@ The first word selects a benchmark from `BENCHES`; any other first word is a rec
 import argparse
 import json
 
+from scale.commands import process_count
+
 
 def _data_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -111,7 +113,7 @@ def _train_parser() -> argparse.ArgumentParser:
         "engine, precision, ac, compile, micro_batch, crops, batch or a dotted recipe key",
     )
     parser.add_argument("--json", help="also write the rows to this JSON file")
-    parser.add_argument("--nproc", type=int, default=0, help="spawn this many local processes (CPU: gloo)")
+    parser.add_argument("--nproc", type=process_count, default=0, help="spawn this many local processes (CPU: gloo)")
     return parser
 
 
@@ -204,7 +206,7 @@ def bench_ckpt(argv: list[str]) -> int:
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     parser.add_argument("--steps", type=int, default=12, help="training steps per run")
     parser.add_argument("--every", type=int, default=3, help="checkpoint every this many steps")
-    parser.add_argument("--nproc", type=int, default=2, help="local processes (CPU: gloo)")
+    parser.add_argument("--nproc", type=process_count, default=2, help="local processes (CPU: gloo)")
     args = parser.parse_intermixed_args(argv)
     from scale.bench.checkpoint import measure, table
 

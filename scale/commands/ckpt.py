@@ -9,6 +9,7 @@ def register(sub) -> None:
     show = csub.add_parser("info", help="what a checkpoint holds, and every checkpoint of its run")
     show.add_argument("path", help="run directory, its checkpoints/ folder, or a step directory")
     show.add_argument("--json", action="store_true")
+    show.add_argument("--verify", action="store_true", help="match every file with its checksum (reads every byte)")
     show.set_defaults(func=cmd_info)
     exp = csub.add_parser("export", help="write a consolidated backbone state dict, or a timm / Hub folder")
     exp.add_argument("path", help="run directory or step directory")
@@ -29,7 +30,7 @@ def register(sub) -> None:
 def cmd_info(args) -> int:
     from scale.checkpoint.export import info  # torch: only when the command runs
 
-    result = info(args.path)
+    result = info(args.path, args.verify)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -1,12 +1,14 @@
 """scale demo [--method dino|esvit|mocov3|drloc] [--run-dir DIR] [--steps N] [--no-bench] [--tracker NAME]..."""
 
+from scale.commands import process_count
+
 
 def register(sub) -> None:
     parser = sub.add_parser("demo", help="the whole story on a laptop: shards, k-NN, training, resume, report")
     parser.add_argument("--method", default="dino", help="dino | esvit | mocov3 | drloc")
     parser.add_argument("--run-dir", default="runs/demo", help="where shards, runs and the report go")
     parser.add_argument("--steps", type=int, help="train this many steps instead of the recipe's epochs")
-    parser.add_argument("--nproc", type=int, default=2, help="CPU processes (gloo)")
+    parser.add_argument("--nproc", type=process_count, default=2, help="CPU processes (gloo)")
     parser.add_argument("--no-bench", dest="bench", action="store_false", help="skip the engine benchmark (step 5)")
     parser.add_argument(
         "--tracker",

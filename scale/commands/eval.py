@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from scale.commands import process_count
+
 
 # rich is imported when a table is printed, not when the parser is built (`scale --help` stays light)
 def Table(*columns, **options):  # noqa: N802  (stands for rich.table.Table)
@@ -66,7 +68,7 @@ def _common(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument("--out", help=f"result JSON (default eval/{kind}.json)")
     parser.add_argument(
         "--nproc",
-        type=int,
+        type=process_count,
         default=0,
         help="spawn this many local processes (CPU: gloo); leave unset under torchrun or srun",
     )

@@ -1,5 +1,7 @@
 """scale train RECIPE [overrides] [--run-dir DIR] [--nproc N] [--synthetic-data]"""
 
+from scale.commands import process_count
+
 
 def register(sub) -> None:
     parser = sub.add_parser("train", help="train a recipe (continues an existing run directory)")
@@ -8,7 +10,7 @@ def register(sub) -> None:
     parser.add_argument("--run-dir", help="run directory (default runs/<recipe>)")
     parser.add_argument(
         "--nproc",
-        type=int,
+        type=process_count,
         default=0,
         help="spawn this many local processes (CPU: gloo); leave unset under torchrun or srun",
     )
@@ -22,6 +24,10 @@ def register(sub) -> None:
 
 
 def cmd_train(args) -> int:
+    from scale.launch.local import already_launched, catch_early_signals
+
+    if args.nproc > 1 and not already_launched():  # this process will launch the ranks
+        catch_early_signals()
     from scale.preemption import launcher_status
     from scale.train import main
 

@@ -6,11 +6,15 @@
     flip_p: float = within(0.5, 0.0, 1.0)  # both bounds, inclusive
     img_size: int = at_least(224, 1, resume=FIXED)  # a resumed run must keep it (it shapes a tensor)
     final_norm: bool = plain(True, resume=FIXED)  # a field with no other rule
+    eps: float = above(1e-8, 0.0)  # a strict lower bound
+    betas: list[float] = below([0.9, 0.999], 0.0, 1.0)  # an inclusive lower and a strict upper bound
 
 On resume (scale/resume.py), a FIXED field that differs from the run's saved config.yaml is refused (exit 2): it
 changes a checkpointed tensor's shape, the set of trained parameters, or what the saved state means. A NOTED field
 may change; the resumed run logs the change. Every other field changes freely (budgets, logging, paths of outputs).
 tests/checkpoint/test_fixed_fields.py fails when a field that shapes a checkpointed tensor is not FIXED.
+
+Every float, checked or not, must be finite (no .nan or .inf).
 
 Where the implementation keeps a table or tuple of the choices, the schema reads that one (`listed_in`) and the
 implementation does not check the value again: the loader has. Adding a choice is adding it to that one list;
@@ -62,3 +66,11 @@ def at_least(default: Any, low: float, resume: str = FREE) -> Any:
 
 def within(default: Any, low: float, high: float, resume: str = FREE) -> Any:
     return _field(default, resume, low=low, high=high)
+
+
+def above(default: Any, low: float, resume: str = FREE) -> Any:
+    return _field(default, resume, above=low)
+
+
+def below(default: Any, low: float, high: float, resume: str = FREE) -> Any:
+    return _field(default, resume, low=low, below=high)

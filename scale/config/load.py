@@ -49,9 +49,53 @@ def recipe_name(path: Path) -> str:
         return path.stem
 
 
+# a recipe has a few hundred YAML nodes; anchors and aliases nested in each other (a "billion laughs" bomb) expand
+# to billions of them in the merge, which would run for hours: refused before anything expands them
+MAX_YAML_NODES = 100_000
+MAX_YAML_DEPTH = 64
+MAX_BASE_DEPTH = 32  # files in a `base:` chain
+
+
+def _expanded_size(node: yaml.Node, where: Path, memo: dict, depth: int = 0) -> int:
+    """The number of nodes `node` becomes once its aliases are expanded (each aliased node counted once per use)."""
+    if id(node) in memo:
+        if memo[id(node)] is None:
+            raise ConfigError(f"{where}: a YAML alias refers to a node that contains it (a recursive structure)")
+        return memo[id(node)]
+    if depth > MAX_YAML_DEPTH:
+        raise ConfigError(f"{where}: YAML nested more than {MAX_YAML_DEPTH} levels deep")
+    memo[id(node)] = None  # being counted
+    children = node.value if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)) else []
+    if isinstance(node, yaml.MappingNode):
+        children = [item for pair in children for item in pair]
+    total = 1
+    for child in children:
+        total += _expanded_size(child, where, memo, depth + 1)
+        if total > MAX_YAML_NODES:
+            raise ConfigError(
+                f"{where}: its YAML anchors and aliases expand to more than {MAX_YAML_NODES:,} values (a YAML bomb?); "
+                f"refused. Write the values out, or use fewer nested aliases"
+            )
+    memo[id(node)] = total
+    return total
+
+
+def parse_yaml(text: str, where: Path):
+    """yaml.load with the expansion of aliases bounded (see MAX_YAML_NODES)."""
+    loader = YAML_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, where, {})
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=YAML_LOADER) or {}
+        data = parse_yaml(path.read_text(encoding="utf-8"), path) or {}
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not a text file (byte {err.start} is not UTF-8)") from None
     except OSError as err:
@@ -130,18 +174,25 @@ def _lookup(raw: dict, dotted: str) -> Any:
     return node
 
 
-def _load_chain(path: Path, seen: tuple = ()) -> list[tuple[Path, dict]]:
+def _load_chain(path: Path) -> list[tuple[Path, dict]]:
     """The recipe file and its bases, base-most first."""
-    if path in seen:
-        raise ConfigError(f"{path}: circular 'base:' chain: {' -> '.join(str(p) for p in seen + (path,))}")
-    raw = _read_yaml(path)
-    base = raw.pop(BASE_KEY, None)
-    chain = []
-    if base is not None:
-        if not isinstance(base, str):
+    chain: list[tuple[Path, dict]] = []
+    while path is not None:
+        seen = [p for p, _ in chain]
+        if path in seen:
+            raise ConfigError(f"{path}: circular 'base:' chain: {' -> '.join(str(p) for p in seen + [path])}")
+        if len(chain) == MAX_BASE_DEPTH:
+            raise ConfigError(
+                f"{chain[0][0]}: its 'base:' chain is more than {MAX_BASE_DEPTH} files deep (at {path}); a recipe "
+                f"inherits from at most {MAX_BASE_DEPTH} levels of bases: merge some of them"
+            )
+        raw = _read_yaml(path)
+        base = raw.pop(BASE_KEY, None)
+        chain.append((path, raw))
+        if base is not None and not isinstance(base, str):
             raise ConfigError(f"{path}: 'base' must be a recipe name or path, got {base!r}")
-        chain = _load_chain(recipe_path(base, relative_to=path.parent), seen + (path,))
-    return chain + [(path, raw)]
+        path = recipe_path(base, relative_to=path.parent) if base is not None else None
+    return chain[::-1]
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict:
@@ -180,9 +231,9 @@ def load_recipe(name_or_path: str, overrides: Iterable[str] = ()) -> DictConfig:
     return cfg
 
 
-def from_dict(data: dict) -> DictConfig:
-    """A recipe from a plain dict (e.g. the config.yaml saved in a run directory)."""
-    return _merge(_defaults(), data, "config")
+def from_dict(data: dict, where: str = "config") -> DictConfig:
+    """A recipe from a plain dict (e.g. the config.yaml saved in a run directory, `where`)."""
+    return _merge(_defaults(), data, where)
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -4,6 +4,8 @@ command line), the dotted key, the value and what is valid."""
 
 import dataclasses
 import difflib
+import math
+import signal
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,8 @@ VIEWS_FOR_METHOD = {
     "drloc": ("supervised", "eval"),
     "supervised": ("supervised", "eval"),
 }
+
+UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 
 
 class Origins:
@@ -69,14 +73,22 @@ def _rule_failure(value: Any, rule: dict) -> str | None:
                 return f"{'has ' + repr(item) + ', which ' if items is value else ''}is not one of: " + (
                     f"{', '.join(str(c) for c in choices)}{hint}"
                 )
-    low, high = rule.get("low"), rule.get("high")
+    low, high, above, below = rule.get("low"), rule.get("high"), rule.get("above"), rule.get("below")
     for item in items:
         if item is None:
             continue
+        if isinstance(item, float) and not math.isfinite(item):
+            return "must be a finite number"
         if low is not None and item < low:
+            if below is not None:
+                return f"must be at least {low} and less than {below}"
             return f"must be at least {low}" if high is None else f"must be between {low} and {high}"
         if high is not None and item > high:
             return f"must be between {low} and {high}"
+        if above is not None and not item > above:
+            return f"must be greater than {above}"
+        if below is not None and not item < below:
+            return f"must be less than {below}" if low is None else f"must be at least {low} and less than {below}"
     return None
 
 
@@ -98,6 +110,12 @@ def _cross_field(cfg: DictConfig) -> Iterator[tuple[str, str]]:
         yield "data.views.n_local", f"needs one count per entry of data.views.local_sizes {list(views.local_sizes)}"
     if len(cfg.optim.betas) != 2:
         yield "optim.betas", "needs 2 values"
+    for name in cfg.train.preempt_signals:
+        sig = getattr(signal, str(name), None)
+        if not isinstance(sig, signal.Signals):
+            yield "train.preempt_signals", f"'{name}' is not a signal name (e.g. SIGTERM, SIGUSR1)"
+        elif sig in UNCATCHABLE:
+            yield "train.preempt_signals", f"{name} cannot be caught by a process: use e.g. SIGTERM or SIGUSR1"
     if cfg.engine.meta_init and cfg.train.init_weights and cfg.engine.kind != "fsdp2":
         yield "engine.meta_init", "with train.init_weights needs engine.kind=fsdp2"
     if cfg.engine.compile and cfg.engine.kind == "deepspeed" and cfg.engine.zero_stage == 3:

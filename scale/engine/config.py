@@ -1,8 +1,8 @@
 """Recipe sections `engine` (how modules are wrapped and stepped) and `optim` (optimizer and schedules)."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from scale.config.fields import FIXED, at_least, choice, listed_in
+from scale.config.fields import FIXED, above, at_least, below, choice, listed_in
 from scale.engine.kinds import KINDS
 
 
@@ -40,7 +40,7 @@ class OptimConfig:
     ref_batch: int = at_least(256, 1)
     min_lr: float = at_least(1e-6, 0.0)
     warmup_epochs: float = at_least(10, 0)
-    warmup_start_lr: float = 0.0
+    warmup_start_lr: float = at_least(0.0, 0.0)
     # True: the base lr is reached at the last warmup step (DINO's cosine_scheduler, np.linspace); False: at the
     # first step after it, lr * t / warmup (MoCo v3's main_moco.py, timm's scheduler in DRLoc)
     warmup_endpoint: bool = True
@@ -58,9 +58,9 @@ class OptimConfig:
     weight_decay: float = at_least(0.04, 0.0)
     weight_decay_end: float = at_least(0.4, 0.0)
     wd_exclude_1d: bool = True  # no weight decay on biases and 1-D parameters
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    momentum: float = 0.9
+    betas: list[float] = below([0.9, 0.999], 0.0, 1.0)  # torch's optimizers refuse 1.0 and more
+    eps: float = above(1e-8, 0.0)
+    momentum: float = at_least(0.9, 0.0)
     clip_grad: float = at_least(3.0, 0.0)  # 0 disables
     # per_param (DINO's official rule) | global
     clip_mode: str = choice("per_param", listed_in("scale.engine.clip", "CLIP_MODES"))

@@ -3,6 +3,7 @@
 Under torchrun or srun this is not used: those launchers start the processes themselves.
 """
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -10,7 +11,6 @@ import sys
 import time
 
 from scale import faults
-from scale.engine.dist import free_port
 from scale.errors import PREEMPTED_EXIT_CODE
 
 LAUNCH_MARK = "SCALE_LOCAL_LAUNCH"
@@ -28,21 +28,33 @@ def already_launched() -> bool:
     return any(k in os.environ for k in ("RANK", "SLURM_PROCID", LAUNCH_MARK))
 
 
-def spawn(nproc: int, argv: list[str]) -> int:
+def spawn(nproc: int, argv: list[str], pass_fds: tuple[int, ...] = ()) -> int:
     """Run `python -m scale.cli *argv` in nproc processes (see `run_ranks`)."""
-    return run_ranks(nproc, [sys.executable, "-m", "scale.cli", *argv])
+    return run_ranks(nproc, [sys.executable, "-m", "scale.cli", *argv], pass_fds=pass_fds)
 
 
-def run_ranks(nproc: int, command: list[str], grace_s: float = 5.0, stop_grace_s: float | None = None) -> int:
-    """Run `command` in nproc processes with torchrun's variables and wait for them (see `Ranks`). SIGTERM, SIGUSR1
-    and SIGINT are forwarded to every rank (so preemption reaches each one). Returns the first failure's status,
-    else PREEMPTED_EXIT_CODE or 0."""
+def run_ranks(
+    nproc: int,
+    command: list[str],
+    grace_s: float = 5.0,
+    stop_grace_s: float | None = None,
+    pass_fds: tuple[int, ...] = (),
+) -> int:
+    """Run `command` in nproc processes with torchrun's variables and wait for them (see `Ranks`). SIGTERM and
+    SIGUSR1 are forwarded to every rank (so preemption reaches each one), SIGHUP and SIGINT as SIGTERM (a closed
+    terminal, Ctrl-C: checkpoint and stop). The ranks run in their own process group, so a terminal's signals reach
+    them only through the launcher, and die with it if it is killed. `pass_fds`: open files the ranks inherit (the
+    run directory's lock). Returns the first failure's status, else PREEMPTED_EXIT_CODE or 0."""
+    from scale.engine.dist import free_port  # torch: `scale train` catches early signals before importing it
+
     port = str(free_port())
     ranks = Ranks(grace_s, STOP_GRACE_S if stop_grace_s is None else stop_grace_s)
     # installed before the first rank starts: a signal during start-up is forwarded, never the launcher's death
     previous = {s: signal.signal(s, ranks.forward) for s in FORWARDED}
+    for signum in early_signals():  # one that came before (see catch_early_signals): no rank is started
+        ranks.forward(signum, None)
     try:
-        for rank in range(nproc):
+        for rank in range(nproc if not ranks.signalled else 0):
             env = dict(
                 os.environ,
                 RANK=str(rank),
@@ -53,7 +65,12 @@ def run_ranks(nproc: int, command: list[str], grace_s: float = 5.0, stop_grace_s
                 OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                 **{LAUNCH_MARK: "1"},
             )
-            ranks.procs.append(subprocess.Popen(command, env=env))
+            ranks.procs.append(subprocess.Popen(command, env=env, pass_fds=pass_fds, preexec_fn=_rank_process))
+        if not ranks.procs:
+            print(
+                f"scale: stopped by {signal.Signals(ranks.signalled[0]).name} before the ranks started", file=sys.stderr
+            )
+            return PREEMPTED_EXIT_CODE
         ranks.forward_pending()
         return ranks.wait()
     finally:
@@ -62,7 +79,40 @@ def run_ranks(nproc: int, command: list[str], grace_s: float = 5.0, stop_grace_s
             signal.signal(sig, handler)
 
 
-FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+# what the ranks receive for each: they checkpoint on SIGTERM and SIGUSR1 (train.preempt_signals), while SIGINT
+# would end them with KeyboardInterrupt and SIGHUP by its default action
+AS_SIGNAL = {signal.SIGINT: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM}
+_early: list[int] = []
+
+
+def catch_early_signals() -> None:
+    """Record the FORWARDED signals from the start of `scale train --nproc N`: one that comes while the recipe is
+    loaded and checked (before run_ranks installs its handlers) stops the launch with PREEMPTED_EXIT_CODE instead
+    of killing the launcher."""
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: _early.append(signum))
+
+
+def early_signals() -> list[int]:
+    caught, _early[:] = list(_early[:1]), []
+    return caught
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _rank_process() -> None:
+    """In a rank, before exec: its own process group (a terminal's Ctrl-C and hang-up reach the launcher only, which
+    forwards them), and SIGTERM when the launcher dies, even by SIGKILL (Linux), so that no rank is left behind:
+    the ranks checkpoint on it, still holding the run directory's lock."""
+    os.setpgid(0, 0)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except (OSError, AttributeError):  # not Linux
+        return
+
+
 # how long ranks may take to checkpoint and exit after a forwarded signal before they are killed (a rank stuck in a
 # collective, e.g. beside a dead peer, takes the signal as a preemption request and would never reach the next step)
 STOP_GRACE_S = float(os.environ.get("SCALE_STOP_GRACE_S", "120"))
@@ -89,7 +139,8 @@ class Ranks:
 
     def forward(self, signum, _frame) -> None:
         now = time.monotonic()
-        if self.signalled and now - self.first_signal_at > DUPLICATE_WINDOW_S:
+        again = self.signalled and (now - self.first_signal_at > DUPLICATE_WINDOW_S or signum == signal.SIGINT)
+        if again:  # Ctrl-C twice: stop now
             print("scale: second signal: killing every rank", file=sys.stderr, flush=True)
             self.signalled.append(signum)
             self.forced = True
@@ -105,7 +156,7 @@ class Ranks:
         """Send the forwarded signal to every running rank (also to those started after it came)."""
         for proc in self.procs:
             if self.signalled and proc.poll() is None:
-                proc.send_signal(self.signalled[0])
+                proc.send_signal(AS_SIGNAL.get(self.signalled[0], self.signalled[0]))
 
     def kill_all(self) -> None:
         for proc in self.procs:
@@ -140,7 +191,8 @@ class Ranks:
         """A rank's status as the launcher reports it: a death by the forwarded signal is a preemption, another
         signal death is 128 + the signal (as a shell reports it)."""
         if code < 0:
-            return PREEMPTED_EXIT_CODE if -code in self.signalled else 128 - code
+            sent = [AS_SIGNAL.get(s, s) for s in self.signalled]
+            return PREEMPTED_EXIT_CODE if -code in sent else 128 - code
         return code
 
     def _stop(self, running: list[subprocess.Popen]) -> None:
