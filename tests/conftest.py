@@ -28,6 +28,17 @@ def embedded_data(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def group():
+    """A single-process group (world size 1, gloo on the CPU) for the module's in-process Trainer and step tests:
+    (DistInfo, device). The GPU modules define their own, which also check the device."""
+    from scale.engine.dist import init_distributed, shutdown
+
+    info, device = init_distributed()
+    yield info, device
+    shutdown()
+
+
 # Modules that share one session fixture run on one worker: the Slurm modules share one local cluster (a second
 # worker would start it again while the first uses it), the checkpoint modules one reference run. Every other
 # module is its own unit, and its tests stay together so that module fixtures are built once.

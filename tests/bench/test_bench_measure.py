@@ -14,20 +14,12 @@ from scale.bench.run import bench_config
 from scale.bench.trace import trace_step
 from scale.cli import main
 from scale.config import load_recipe
-from scale.engine.dist import init_distributed, shutdown
 from scale.recipes.smoke import smoke_overrides
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
 TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))
 TINY = ["train.global_batch=4", "model.drop_path=0.1"]
-
-
-@pytest.fixture(scope="module")
-def group():
-    info, device = init_distributed()
-    yield info, device
-    shutdown()
 
 
 def test_bench_command_prints_one_row_per_setting_and_writes_json(tmp_path, capsys):

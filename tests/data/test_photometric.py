@@ -237,15 +237,6 @@ def test_a_resumed_loader_ships_the_same_crops_and_parameters(shards):
         assert all(torch.equal(x, y) for x, y in zip(a.to("cpu").crops, b.to("cpu").crops))
 
 
-@pytest.fixture(scope="module")
-def group():
-    from scale.engine.dist import init_distributed, shutdown
-
-    info, device = init_distributed()
-    yield info, device
-    shutdown()
-
-
 @pytest.mark.slow  # a process group (gloo, one rank)
 @pytest.mark.parametrize("recipe", ["demo/dino_tiny", "demo/mocov3_tiny"])
 def test_the_step_runs_on_batches_of_both_modes(group, tmp_path, recipe):

@@ -1,17 +1,7 @@
 """The memory report runs the training step itself (scale.step.TrainStep) in the recipe's own crop layout."""
 
-import pytest
-
 from scale.config import load_recipe
-from scale.engine.dist import init_distributed, shutdown
 from scale.engine.memory_report import measure
-
-
-@pytest.fixture(scope="module")
-def group():
-    info, device = init_distributed()
-    yield info, device
-    shutdown()
 
 
 def test_memory_report_of_a_recipe_without_local_crops(group):

@@ -12,7 +12,7 @@ from scale.bench.synthetic import SyntheticLoader
 from scale.checkpoint.export import read_tensors
 from scale.checkpoint.store import CheckpointStore
 from scale.config import load_recipe
-from scale.engine.dist import init_distributed, shutdown
+from scale.engine.dist import init_distributed
 from scale.errors import NonFiniteLoss
 from scale.rundir import RunDir
 from scale.step import TrainStep
@@ -29,13 +29,6 @@ TINY = [
     "optim.warmup_epochs=0",
     "train.knn_monitor_every=0",
 ]
-
-
-@pytest.fixture(scope="module")
-def group():
-    info, device = init_distributed()
-    yield info, device
-    shutdown()
 
 
 def nan_at(method, bad_steps: set[int]) -> None:

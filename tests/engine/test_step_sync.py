@@ -12,7 +12,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from scale.bench.synthetic import SyntheticLoader
 from scale.config import load_recipe
-from scale.engine.dist import init_distributed, shutdown
 from scale.step import TrainStep, read_record
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
@@ -61,13 +60,6 @@ class SyncCounter(TorchDispatchMode):
     def __exit__(self, *exc):
         torch.Tensor.tolist = self._tolist
         return super().__exit__(*exc)
-
-
-@pytest.fixture(scope="module")
-def group():
-    info, device = init_distributed()
-    yield info, device
-    shutdown()
 
 
 def build_step(group, method: str, engine: str, *extra: str) -> TrainStep:

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from scale.config import load_recipe
-from scale.engine.dist import init_distributed, shutdown
 from scale.rundir import RunDir
 from scale.train import Trainer
 from scale.watch.collapse import RepresentationCollapse, regime
@@ -28,13 +27,6 @@ TINY = [
     "method.dino.bottleneck_dim=16",
     "engine.kind=ddp",
 ]
-
-
-@pytest.fixture(scope="module")
-def group():
-    info, device = init_distributed()
-    yield info, device
-    shutdown()
 
 
 def trainer(group, run_dir, overrides=(), collapsed=False) -> Trainer:

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from scale.config import load_recipe
-from scale.engine.dist import init_distributed, shutdown
 from scale.engine.parallel import as_parallel
 from scale.launch.status import run_status, summary_row
 from scale.progress import progress_bar
@@ -17,13 +16,6 @@ from scale.step import TrainStep, read_record
 from scale.train import train_loader
 from scale.watch.heartbeat import Heartbeat, read_heartbeat
 from tests.watch.test_collapse import TINY
-
-
-@pytest.fixture(scope="module")
-def group():
-    info, device = init_distributed()
-    yield info, device
-    shutdown()
 
 
 def train(group, probe: bool, steps: int = 3) -> tuple[TrainStep, dict]:
