@@ -19,20 +19,21 @@ CLIP_MODES = ("per_param", "global")
 
 
 def grad_sq_norms(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Squared L2 norm of each full gradient, in fp32."""
+    """Squared L2 norm of each full gradient, in fp32. The sharded ones are gathered by Python position, not by a
+    list index into a tensor: that index is a pageable host-to-device copy, a host sync on CUDA."""
     if not grads:
         return torch.zeros(0)
-    locals_ = [local(g) for g in grads]
-    sq = torch.stack(torch._foreach_norm(locals_)).float().pow(2)
+    squares = [norm.float().pow(2) for norm in torch._foreach_norm([local(g) for g in grads])]
     sharded = [i for i, g in enumerate(grads) if isinstance(g, DTensor)]
     if sharded:
         first = grads[sharded[0]]  # FSDP2 places every parameter on the same mesh the same way
-        part = sq[sharded]
+        part = torch.stack([squares[i] for i in sharded])
         for dim, placement in enumerate(first.placements):
             if placement.is_shard():
                 dist.all_reduce(part, group=first.device_mesh.get_group(dim))
-        sq[sharded] = part
-    return sq
+        for i, square in zip(sharded, part.unbind(), strict=True):
+            squares[i] = square
+    return torch.stack(squares)
 
 
 def clip_gradients(grads: list[torch.Tensor], max_norm: float, mode: str) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from scale.config.fields import FIXED, above, at_least, below, choice, listed_in
+from scale.config.fields import FIXED, above, at_least, below, choice, listed_in, within
 from scale.engine.kinds import KINDS
 
 
@@ -10,6 +10,9 @@ from scale.engine.kinds import KINDS
 class EngineConfig:
     kind: str = choice("fsdp2", lambda: list(KINDS), resume=FIXED)
     precision: str = choice("fp32", listed_in("scale.engine.precision", "DTYPES"))  # fp32, bf16, fp16 (GPU only)
+    # fp16: the dynamic loss scale starts at 2**loss_scale_power (halved after each overflow, which skips that
+    # update). 16: torch's GradScaler default, which DINO and MoCo v3 use, and DeepSpeed's initial_scale_power
+    loss_scale_power: int = within(16, 0, 32)
     # none, full, every_n, selective: see scale/engine/activation.py
     activation_checkpointing: str = choice("none", listed_in("scale.engine.activation", "MODES"))
     ac_every_n: int = at_least(2, 1)

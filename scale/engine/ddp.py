@@ -40,4 +40,4 @@ class DDPEngine(TorchEngine):
         self.method.student.require_backward_grad_sync = enabled
 
     def make_scaler(self):
-        return torch.amp.GradScaler(self.device.type)
+        return torch.amp.GradScaler(self.device.type, init_scale=2.0**self.cfg.loss_scale_power)

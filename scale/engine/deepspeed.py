@@ -116,7 +116,8 @@ def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True, hpz
         config["zero_allow_untested_optimizer"] = True  # torch.optim.AdamW / SGD as client optimizers
         config["gradient_clipping"] = optim_cfg.clip_grad if optim_cfg.clip_mode == "global" else 0.0
         if precision.name == "fp16":
-            config["fp16"] = {"enabled": True, "loss_scale": 0, "auto_cast": True}
+            power = engine_cfg.loss_scale_power
+            config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": power, "auto_cast": True}
     return config
 
 

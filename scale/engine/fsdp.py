@@ -114,4 +114,4 @@ class FSDPEngine(TorchEngine):
         self.method.student.set_requires_gradient_sync(enabled)
 
     def make_scaler(self):
-        return ShardedScaler(self.device.type)
+        return ShardedScaler(self.device.type, init_scale=2.0**self.cfg.loss_scale_power)
