@@ -24,7 +24,7 @@ from scale.data.factory import build_loader
 from scale.data.loader import ShardReader, collate
 from scale.data.photometric import Photometric
 from scale.data.reference import ReferenceDino
-from scale.data.shards import read_manifest
+from scale.data.shards.read import read_manifest
 from scale.data.views import build_views
 from scale.extras import available
 

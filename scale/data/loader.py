@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from scale.data.batch import Batch
 from scale.data.photometric import Photometric, resolve
-from scale.data.shards import read_index, read_manifest
+from scale.data.shards.read import read_index, read_manifest
 from scale.data.views import build_views, normalize
 from scale.errors import UserError
 

@@ -3,8 +3,10 @@
 import pytest
 
 from scale.data.factory import build_loader
+from scale.data.shards.write import build_shards
+from scale.data.sources import imagefolder
 from scale.errors import UserError
-from tests.data.helpers import good_shards, jpeg, tiny_cfg, write_manifest, write_tar
+from tests.data.helpers import good_shards, jpeg, make_imagefolder, tiny_cfg, write_manifest, write_tar
 
 
 def shards_with(tmp_path, bad: dict, counts: dict | None = None):
@@ -71,3 +73,12 @@ def test_missing_manifest_or_shard_fails_at_start(tmp_path):
     (tmp_path / "s1.tar").unlink()
     with pytest.raises(UserError, match="s1.tar"):
         build_loader(tiny_cfg(tmp_path), "train", 2, 0, 1, seed=0)
+
+
+def test_a_shard_deleted_during_the_run_counts_as_bad_samples_then_stops_naming_it(tmp_path):
+    """Built shards have an .idx, so the loader opens the tar only when it reads a sample."""
+    build_shards(imagefolder(make_imagefolder(tmp_path / "src")), tmp_path / "out", shard_size=3, progress=False)
+    loader = build_loader(tiny_cfg(tmp_path / "out", error_budget=0.001), "train", 3, 0, 1, seed=0)
+    (tmp_path / "out" / "shard-000001.tar").unlink()  # after the manifest was checked
+    with pytest.raises(UserError, match=r"shard-000001\.tar key .*shard unreadable: No such file"):
+        list(loader)

@@ -1,6 +1,6 @@
 """data.backend=dali in CPU mode: the same batches as the torchvision backend (layout, dtype), the same per-view
-augmentation statistics, DALI's own index format, rank sharding and exact resume; a clear error without a GPU.
-(What needs no DALI installed: test_dali_errors.py.)"""
+augmentation statistics, rank sharding and exact resume; a clear error without a GPU.
+(What needs no DALI installed: test_dali_errors.py, and DALI's index files: test_dali_index.py.)"""
 
 import math
 import random
@@ -14,7 +14,6 @@ pytest.importorskip("nvidia.dali", reason="DALI not installed (pip install 'scal
 from scale.data.dali.loader import DaliLoader, resolve_device  # noqa: E402
 from scale.data.dali.pipeline import PARAMS, build_pipeline  # noqa: E402
 from scale.data.factory import build_loader  # noqa: E402
-from scale.data.shards import write_dali_indexes  # noqa: E402
 from scale.data.views import random_resized_crop_box  # noqa: E402
 from scale.errors import UserError  # noqa: E402
 from tests.data.helpers import tiny_cfg  # noqa: E402
@@ -39,15 +38,6 @@ def test_gpu_requested_without_gpu_is_a_user_error(monkeypatch):
     with pytest.raises(UserError, match="no CUDA GPU"):
         resolve_device("gpu")
     assert resolve_device("auto") == "cpu"
-
-
-def test_index_is_the_one_dalis_own_tool_writes(photos, tmp_path):
-    wds2idx = pytest.importorskip("wds2idx")
-    ours = write_dali_indexes(photos)[0]
-    theirs = tmp_path / "theirs.idx"
-    with wds2idx.IndexCreator(str(photos / "shard-000000.tar"), str(theirs), verbose=False) as creator:
-        creator.create_index()
-    assert ours.read_text() == theirs.read_text()
 
 
 def test_batches_have_the_torchvision_layout_and_dtype(photos):

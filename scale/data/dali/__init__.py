@@ -1,6 +1,6 @@
 """`data.backend: dali`: the multi-crop views made by an NVIDIA DALI pipeline from the same shards (extra `dali`).
 
-- DALI's index files are part of the shard directory: scale/data/shards.py writes them (no DALI needed).
+- index.py: DALI's index files, part of the shard directory (written without DALI, by `scale shards build` too).
 - pipeline.py: the DALI graph (reader sharded by rank, one decode, one chain per view).
 - loader.py: DaliLoader, the loader interface of scale/data/loader.py over that pipeline.
 

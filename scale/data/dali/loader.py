@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from scale.data.batch import Batch
+from scale.data.dali.index import dali_index_paths
 from scale.data.dali.pipeline import PipelineSpec, build_pipeline
 from scale.data.loader import Loader, SampleError, hash_seed, labels_tensor, parse_label
-from scale.data.shards import dali_index_paths
 from scale.errors import UserError
 
 log = logging.getLogger(__name__)
