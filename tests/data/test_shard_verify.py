@@ -9,6 +9,7 @@ from scale.data.factory import build_loader
 from scale.data.shards.verify import verify
 from scale.data.shards.write import build_shards
 from scale.data.sources import imagefolder
+from scale.data.spec import LoaderSpec
 from scale.errors import UserError
 from tests.data.helpers import make_imagefolder, tiny_cfg
 
@@ -39,4 +40,4 @@ def test_corrupt_index_is_named_by_verify_and_the_loader(tmp_path, damage):
     assert any(str(idx) in p for p in problems), problems
     if damage != "shifted":
         with pytest.raises(UserError, match="shard-000000.idx: corrupt shard index"):
-            list(build_loader(tiny_cfg(tmp_path / "out", error_budget=0.0), "train", 2, 0, 1, seed=0))
+            list(build_loader(LoaderSpec(tiny_cfg(tmp_path / "out", error_budget=0.0), "train", 2, 0, 1, seed=0)))

@@ -16,10 +16,9 @@ def require_dali():
     return require("dali", "nvidia.dali", "data.backend=dali")
 
 
-def build_dali_loader(*args, **kwargs):
-    """DaliLoader(*args, **kwargs) (the arguments of scale.data.factory.build_loader), after checking that DALI is
-    installed."""
+def build_dali_loader(spec):
+    """DaliLoader(spec) (a scale.data.spec.LoaderSpec), after checking that DALI is installed."""
     require_dali()
     from scale.data.dali.loader import DaliLoader
 
-    return DaliLoader(*args, **kwargs)
+    return DaliLoader(spec)
