@@ -1,1 +1,2 @@
-"""Data: shards (WebDataset), their readers and loaders, multi-crop views, the embedded data sets."""
+"""Data: shards (`shards/`: write, read, verify), the loader spec (`spec.py`) and loaders (`loader.py`, `dali/`),
+multi-crop views, the embedded data sets. The README's Data section lists the modules."""

@@ -1,4 +1,5 @@
-"""Resumable, rank-split loaders over shard directories; they yield `scale.data.batch.Batch`.
+"""Resumable, rank-split loaders over shard directories, built from a `LoaderSpec` (scale/data/spec.py); they yield
+`scale.data.batch.Batch`.
 
 Position. A loader's position is the GLOBAL number of samples consumed since the start of training (a multiple of
 global_batch). Every rank runs steps_per_epoch = samples_per_epoch // global_batch steps per epoch, whatever the
