@@ -49,6 +49,9 @@ def test_a_fresh_run_and_its_resume_read_the_run_directory_once(calls, tmp_path)
     assert main("demo/dino_tiny", [*TINY, "train.max_steps=2"], run_dir=run, synthetic=True) == 0
     assert dict(calls) == {"check_resumable": 1, f"candidates from {main.__module__}": 1, **resume_listings}
     calls.clear()
-    assert main("demo/dino_tiny", [*TINY, "train.max_steps=3"], run_dir=run, synthetic=True) == 0
+    longer = [*TINY, "train.max_steps=3", "train.epochs=200"]  # a NOTED change: allowed, named in the log once
+    assert main("demo/dino_tiny", longer, run_dir=run, synthetic=True) == 0
     assert dict(calls) == {"check_resumable": 1, f"candidates from {main.__module__}": 1, **resume_listings}
     assert [p.name for p in CheckpointStore(tmp_path / "run" / "checkpoints").candidates()][0] == "step_000000003"
+    log = (tmp_path / "run" / "logs" / "rank0.log").read_text()
+    assert log.count("resuming with a changed setting") == 1 and "train.epochs: 60 -> 200" in log
