@@ -57,8 +57,8 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
         with RunLock(run.root) as lock:  # the ranks inherit it
             fds = () if lock.fd is None else (lock.fd,)
             return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root), *flags], pass_fds=fds)
-    context, device = init_parallel(cfg.engine.shard_size)
     try:
+        context, device = init_parallel(cfg.engine.shard_size)
         with hold_run_lock(run.root, context.dp_group, inherited=LAUNCH_MARK in os.environ):
             return Trainer(cfg, run, context, device, synthetic, start).fit()
     finally:
