@@ -18,9 +18,9 @@ from scale.data.batch import Batch, split_batch
 from scale.data.prefetch import prefetch_to_device
 from scale.engine import build_engine
 from scale.engine.base import Engine
-from scale.engine.dist import DistInfo, seed_everything
+from scale.engine.dist import seed_everything
 from scale.engine.guard import FiniteGuard
-from scale.engine.parallel import as_parallel
+from scale.engine.parallel import ParallelContext
 from scale.errors import UserError
 from scale.methods import build_method
 from scale.methods.base import StepContext
@@ -46,7 +46,7 @@ class TrainStep:
     def __init__(
         self,
         cfg: DictConfig,
-        info: DistInfo,
+        info: ParallelContext,
         device: torch.device,
         make_loader: Callable[[], object],
         init_weights: str = "",
@@ -54,7 +54,6 @@ class TrainStep:
         phase: Callable[[str], contextlib.AbstractContextManager] = no_phase,
         make_engine: Callable[..., Engine] = build_engine,
     ):
-        info = as_parallel(info, device, cfg.engine.shard_size)
         self.cfg, self.info, self.device, self.phase = cfg, info, device, phase
         seed_everything(cfg.train.seed, info.rank)
         self.loader = make_loader()

@@ -2,6 +2,7 @@
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,8 +16,8 @@ from scale.config.validate import check_launch
 from scale.data.factory import build_loader
 from scale.data.spec import LoaderSpec
 from scale.diskspace import check_before_save, check_start
-from scale.engine.dist import DistInfo, detect, init_distributed, shutdown
-from scale.engine.parallel import ParallelContext, as_parallel, parallel_context
+from scale.engine.dist import detect, shutdown
+from scale.engine.parallel import ParallelContext, init_parallel
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.eval.classify import Validation, check_val_data
 from scale.faults import maybe_inject
@@ -46,9 +47,9 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     check_launch(cfg, nproc if spawning else detect().world_size, data=not synthetic)
     check_trackers(cfg)
     run.check_writable()
-    check_resumable(run, cfg)
+    start = read_start(run, cfg)
     check_start(run.checkpoints, run.root)
-    if cfg.train.init_weights and not CheckpointStore(run.checkpoints).candidates():  # a fresh run loads them
+    if cfg.train.init_weights and start.fresh:
         check_init_weights(cfg)
     if validates(cfg, synthetic):
         check_val_data(cfg)
@@ -57,11 +58,10 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
         with RunLock(run.root) as lock:  # the ranks inherit it
             fds = () if lock.fd is None else (lock.fd,)
             return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root), *flags], pass_fds=fds)
-    info, device = init_distributed()
     try:
-        context = parallel_context(info, device, cfg.engine.shard_size)
+        context, device = init_parallel(cfg.engine.shard_size)
         with hold_run_lock(run.root, context.dp_group, inherited=LAUNCH_MARK in os.environ):
-            return Trainer(cfg, run, context, device, synthetic).fit()
+            return Trainer(cfg, run, context, device, synthetic, start).fit()
     finally:
         shutdown()
 
@@ -72,17 +72,28 @@ def validates(cfg: DictConfig, synthetic: bool = False) -> bool:
     return has_class_head(cfg) and cfg.train.val_every_epochs > 0 and not synthetic
 
 
-def prepare_run_dir(cfg: DictConfig, run: RunDir, info: DistInfo) -> list[str]:
-    """Rank 0 checks that an existing run can continue with this config, then (re)writes config.yaml; the changes
-    it allowed that the log should name (fields NOTED on resume)."""
-    notes = []
+@dataclass(frozen=True)
+class Start:
+    """What start-up reads of the run directory, once per process: the changes to an existing run's settings that
+    check_resumable allowed and the log names (fields NOTED on resume), and whether no checkpoint is sealed yet
+    (a fresh run loads train.init_weights)."""
+
+    notes: list[str]
+    fresh: bool
+
+
+def read_start(run: RunDir, cfg: DictConfig) -> Start:
+    """Raises ConfigError when the run directory cannot continue with this recipe (scale.resume)."""
+    return Start(check_resumable(run, cfg), not CheckpointStore(run.checkpoints).candidates())
+
+
+def prepare_run_dir(cfg: DictConfig, run: RunDir, info: ParallelContext) -> None:
+    """Rank 0 (re)writes config.yaml, once `read_start` has checked that the run can continue with it."""
     if info.is_main:
-        notes = check_resumable(run, cfg)
         run.create()
         run.write_config(cfg)
     if dist.is_initialized():
         dist.barrier()
-    return notes
 
 
 def train_loader(cfg: DictConfig, info: ParallelContext, device: torch.device):
@@ -111,25 +122,32 @@ def synthetic_loader(cfg: DictConfig, info: ParallelContext):
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, run: RunDir, info: DistInfo, device: torch.device, synthetic: bool = False):
-        """`info`: the run's ParallelContext (or a DistInfo, from which one is built for engine.shard_size).
-        `synthetic`: random batches instead of the recipe's shards (scale.bench.synthetic)."""
-        info = as_parallel(info, device, cfg.engine.shard_size)
+    def __init__(
+        self,
+        cfg: DictConfig,
+        run: RunDir,
+        info: ParallelContext,
+        device: torch.device,
+        synthetic: bool = False,
+        start: Start | None = None,
+    ):
+        """`synthetic`: random batches instead of the recipe's shards (scale.bench.synthetic). `start`: what `main`
+        read of the run directory; read here when not given (a Trainer built without `main`)."""
+        start = start or read_start(run, cfg)
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
-        changed = prepare_run_dir(cfg, run, info)
+        prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
-        for change in changed:
+        for change in start.notes if info.is_main else []:
             log.warning("resuming with a changed setting (allowed, see README 'Resuming'): %s", change)
         validation = validates(cfg, synthetic)
         self.validation = Validation(cfg, info, device, run.root / "eval" / "val.json") if validation else None
-        fresh = not CheckpointStore(run.checkpoints).candidates()
         self.heartbeat = Heartbeat(run.root, info.is_main)
         self.step = TrainStep(
             cfg,
             info,
             device,
             (lambda: synthetic_loader(cfg, info)) if synthetic else (lambda: train_loader(cfg, info, device)),
-            init_weights=cfg.train.init_weights if fresh else "",
+            init_weights=cfg.train.init_weights if start.fresh else "",
             phase=self.heartbeat.phase_of,
         )
         self.engine, self.method, self.loader = self.step.engine, self.step.method, self.step.loader

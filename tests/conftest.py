@@ -31,10 +31,12 @@ def embedded_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def group():
     """A single-process group (world size 1, gloo on the CPU) for the module's in-process Trainer and step tests:
-    (DistInfo, device). The GPU modules define their own, which also check the device."""
-    from scale.engine.dist import init_distributed, shutdown
+    (ParallelContext, device), as the training entry builds them. The GPU modules define their own, which also
+    check the device."""
+    from scale.engine.dist import shutdown
+    from scale.engine.parallel import init_parallel
 
-    info, device = init_distributed()
+    info, device = init_parallel()
     yield info, device
     shutdown()
 

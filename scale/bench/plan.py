@@ -202,11 +202,6 @@ def traffic(trace: StepTrace, setting: Setting, world: int, gpus_per_node: int, 
     return in_group + ring("all_reduce", grads / shards, groups, min(groups, nodes))
 
 
-def comm_bytes(trace: StepTrace, setting: Setting, world: int, precision: str) -> float:
-    """Bytes each rank sends per optimizer step, wherever they go."""
-    return traffic(trace, setting, world, world, precision).total
-
-
 def predict(
     trace: StepTrace,
     setting: Setting,

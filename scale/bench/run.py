@@ -33,7 +33,7 @@ from scale.bench.memory import MemoryTrace
 from scale.bench.synthetic import SyntheticLoader, crop_layout
 from scale.bench.trace import trace_step
 from scale.engine.dist import DistInfo
-from scale.engine.parallel import as_parallel
+from scale.engine.parallel import ParallelContext, parallel_context
 from scale.step import TrainStep, no_phase, read_record
 from scale.train import train_loader
 
@@ -61,13 +61,13 @@ class PhaseTimer:
             self.totals[name] += time.perf_counter() - start
 
 
-def make_loader(cfg, info: DistInfo, device: torch.device, synthetic: bool):
+def make_loader(cfg, info: ParallelContext, device: torch.device, synthetic: bool):
     if synthetic:
         return SyntheticLoader(cfg, info.dp_rank, info.dp_size)
     return train_loader(cfg, info, device)
 
 
-def bench_trainer(cfg, info, device: torch.device, synthetic: bool, phase=no_phase) -> TrainStep:
+def bench_trainer(cfg, info: ParallelContext, device: torch.device, synthetic: bool, phase=no_phase) -> TrainStep:
     """The training loop's step as a benchmark runs it (also tools/device-check's profiled step)."""
     return TrainStep(
         cfg,
@@ -89,9 +89,8 @@ def compile_seconds() -> float:
     return calculate_time_spent().get("total_wall_time", 0.0)
 
 
-def measure_rank(cfg, info: DistInfo, device: torch.device, steps: int, warmup: int, synthetic: bool) -> dict:
+def measure_rank(cfg, info: ParallelContext, device: torch.device, steps: int, warmup: int, synthetic: bool) -> dict:
     """This rank's numbers for one setting."""
-    info = as_parallel(info, device, cfg.engine.shard_size)
     torch._dynamo.reset()  # this setting compiles its own graphs (engine.compile)
     compile_start = compile_seconds()
     timer = PhaseTimer(device)
@@ -170,7 +169,7 @@ def bench_config(
     """Collective: one setting's numbers (meaningful on rank 0)."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
-    info = as_parallel(info, device, cfg.engine.shard_size)  # once per setting: its shard_size may differ
+    info = parallel_context(info, device, cfg.engine.shard_size)  # once per setting: its shard_size may differ
     mine = measure_rank(cfg, info, device, steps, warmup, synthetic)
     ranks = [None] * info.world_size
     if dist.is_initialized():

@@ -26,7 +26,7 @@ from scale.checkpoint.fit import check_fits
 from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
 from scale.checkpoint.steering import Steering, pending, record
 from scale.checkpoint.store import CheckpointStore, step_name, step_of
-from scale.engine.dist import DistInfo
+from scale.engine.parallel import ParallelContext
 from scale.errors import UserError
 from scale.faults import maybe_inject
 from scale.rundir import epochs_done
@@ -41,11 +41,11 @@ READABLE, DAMAGED, UNSAFE = 0, 1, 2
 
 
 class Checkpointer:
-    """`group`: the ranks that save and load together (the data-parallel group; None: the world)."""
+    """The ranks of `info`'s data-parallel group save and load together (no group: one process)."""
 
-    def __init__(self, root: Path, cfg: DictConfig, info: DistInfo, engine, method, loader, monitors, group=None):
+    def __init__(self, root: Path, cfg: DictConfig, info: ParallelContext, engine, method, loader, monitors):
         self.store = CheckpointStore(root)
-        self.group = group
+        self.group = info.dp_group
         self.cfg, self.info, self.engine, self.method, self.loader = cfg, info, engine, method, loader
         self.monitors = monitors
         self._pending = None  # (step, future, sealed event) of an async save the next save or close waits for

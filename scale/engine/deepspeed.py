@@ -22,7 +22,6 @@ optimizer is a torch optimizer from scale.optim with the same parameter groups a
   world size, through DeepSpeed's universal checkpoint format (converted on first use); ZeRO-3 ones do not.
 """
 
-import argparse
 import hashlib
 import logging
 import os
@@ -37,6 +36,16 @@ import torch.distributed as dist
 from torch import nn
 
 from scale.engine.base import Engine
+from scale.engine.ds_internals import (
+    client_optimizer,
+    convert_to_universal,
+    fp32_master_partitions,
+    hp_fragment,
+    lp_grad_fragment,
+    share_fp32_master,
+    universal_load,
+    zero3_partition,
+)
 from scale.engine.ema import copy_student_to_teacher, ema_update
 from scale.engine.guard import FiniteGuard
 from scale.engine.materialize import is_meta, materialize
@@ -121,46 +130,14 @@ def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True, hpz
     return config
 
 
-def share_fp32_master(zero_optimizer) -> int:
-    """ZeRO-3 with fp32 weights: DeepSpeed means to use the weight partitions themselves as the fp32 master copy
-    (stage3.py `_create_fp32_partitions`: "we don't need another copy of the weights"), but its check compares a
-    torch.device with a device string, which never matches in torch 2.x, so it clones a second fp32 copy. Point
-    the master partitions at the weights (the optimizer keeps the same tensor objects); returns bytes freed."""
-    freed = 0
-    pairs = zip(zero_optimizer.fp32_partitioned_groups_flat, zero_optimizer.fp16_partitioned_groups_flat)
-    for master, weights in pairs:
-        if (
-            master.dtype == weights.dtype
-            and master.device == weights.device
-            and master.shape == weights.shape
-            and master.untyped_storage().data_ptr() != weights.untyped_storage().data_ptr()
-        ):
-            freed += nbytes(master)
-            master.data = weights.data
-    return freed
-
-
 def universal_folder(folder: Path) -> Path:
     """DeepSpeed's universal form of the checkpoint in `folder` (`folder`/universal, converted by rank 0 on first
     use, through a temporary folder so that a kill leaves nothing half-written). A collective."""
     out = folder / "universal"
     if dist.get_rank() == 0 and not out.exists():
-        from deepspeed.checkpoint.ds_to_universal import main as to_universal
-
         partial = folder / "universal.partial"
         shutil.rmtree(partial, ignore_errors=True)  # what a killed conversion left
-        # the arguments of DeepSpeed's ds_to_universal command; one worker each: small, and no fork inside a run
-        to_universal(
-            argparse.Namespace(
-                input_folder=str(folder / CHECKPOINT_TAG),
-                output_folder=str(partial / CHECKPOINT_TAG),
-                num_extract_workers=1,
-                num_merge_workers=1,
-                keep_temp_folder=False,
-                strict=True,
-                inject_missing_state=False,
-            )
-        )
+        convert_to_universal(folder / CHECKPOINT_TAG, partial / CHECKPOINT_TAG)
         os.replace(partial, out)
     dist.barrier()
     return out
@@ -263,7 +240,7 @@ class DeepSpeedEngine(Engine):
             metrics["loss_scale"] = float(self.ds.optimizer.loss_scale)
         if guard is not None:
             guard.check_gradient(torch.as_tensor(metrics["grad_norm"], device=self.device))
-            guard.check_update([p.ds_tensor if self.stage == 3 else p for p in self.ds.module.parameters()])
+            guard.check_update(self.held(self.ds.module))
         return metrics
 
     def local_grad(self, param: nn.Parameter) -> torch.Tensor | None:
@@ -272,8 +249,7 @@ class DeepSpeedEngine(Engine):
             from deepspeed.utils import safe_get_local_grad
 
             return safe_get_local_grad(param)
-        mapping = getattr(param, "_hp_mapping", None)
-        return mapping.get_lp_grad_fragment(param._index_in_param_group) if mapping is not None else None
+        return lp_grad_fragment(param)
 
     def clip_per_param(self, grads: list[torch.Tensor | None]) -> float:
         """DINO's rule on fragments: full norms from all-reduced squared fragment norms (fp16: unscaled)."""
@@ -296,23 +272,20 @@ class DeepSpeedEngine(Engine):
         if self.stage == 3:
             from deepspeed.utils import safe_get_local_fp32_param
 
-            return [param.ds_tensor.detach().clone(), safe_get_local_fp32_param(param).detach().clone()]
-        held = [param.data.detach().clone()]
-        mapping = getattr(param, "_hp_mapping", None)
-        if mapping is not None:
-            held.append(mapping.get_hp_fragment().detach().clone())
-        return held
+            return [zero3_partition(param).detach().clone(), safe_get_local_fp32_param(param).detach().clone()]
+        master = hp_fragment(param)
+        return [param.data.detach().clone()] + ([] if master is None else [master.detach().clone()])
 
     def restore(self, param: nn.Parameter, held: list[torch.Tensor]) -> None:
         if self.stage == 3:
             from deepspeed.utils import safe_set_local_fp32_param
 
-            param.ds_tensor.data.copy_(held[0])
+            zero3_partition(param).data.copy_(held[0])
             safe_set_local_fp32_param(param, held[1])
             return
         param.data.copy_(held[0])
         if len(held) > 1:
-            param._hp_mapping.get_hp_fragment().data.copy_(held[1])
+            hp_fragment(param).data.copy_(held[1])
 
     # --- teacher
     def ema(self, momentum: float, guard: FiniteGuard | None = None) -> None:
@@ -341,8 +314,9 @@ class DeepSpeedEngine(Engine):
 
         parts = []
         for name, p in engine.module.named_parameters():
-            use_master = master and p.requires_grad and p.ds_tensor.dtype != torch.float32
-            parts.append((clean_name(name), safe_get_local_fp32_param(p) if use_master else p.ds_tensor.data))
+            part = zero3_partition(p)
+            use_master = master and p.requires_grad and part.dtype != torch.float32
+            parts.append((clean_name(name), safe_get_local_fp32_param(p) if use_master else part.data))
         return parts
 
     # --- accounting
@@ -351,12 +325,12 @@ class DeepSpeedEngine(Engine):
         ZeRO-2/3: this rank's partition), optimizer = fp32 master partitions (when not the weights themselves, as
         they are in fp32 ZeRO-3) + the optimizer state."""
         zero = self.ds.optimizer
-        master = zero.fp32_partitioned_groups_flat if self.stage == 3 else zero.single_partition_of_fp32_groups
+        master = fp32_master_partitions(zero, self.stage)
         weights = self.held(self.ds.module)
         weight_storages = {t.untyped_storage().data_ptr() for t in weights}
         separate_master = [m for m in master if m.untyped_storage().data_ptr() not in weight_storages]
         # the client torch optimizer's state over DeepSpeed's flat fp32 partitions
-        state = sum(nbytes(v) for s in zero.optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+        state = sum(nbytes(v) for s in client_optimizer(zero).state.values() for v in s.values() if torch.is_tensor(v))
         trainable = [p for p in self.ds.module.parameters() if p.requires_grad]
         grads = sum(p.numel() for p in trainable) * 4 if self.stage == 1 else sum(nbytes(m) for m in master)
         teacher = self.held(self.teacher_module()) if self.method.teacher is not None else []
@@ -371,7 +345,7 @@ class DeepSpeedEngine(Engine):
 
     def held(self, module: nn.Module) -> list[torch.Tensor]:
         """The weight tensors this rank holds: ZeRO-3 partitions, whole parameters otherwise."""
-        return [p.ds_tensor if self.stage == 3 else p.data for p in module.parameters()]
+        return [zero3_partition(p) if self.stage == 3 else p.data for p in module.parameters()]
 
     def teacher_module(self) -> nn.Module:
         return self.method.teacher.module if self.stage == 3 else self.method.teacher
@@ -397,18 +371,13 @@ class DeepSpeedEngine(Engine):
                 f"next update differs from the uninterrupted run's). Resume on {saved_world_size} ranks, or train "
                 f"with engine.kind=fsdp2, whose checkpoints load on any number of ranks."
             )
-        groups = self.ds.optimizer.optimizer.param_groups
+        groups = client_optimizer(self.ds.optimizer).param_groups
         before = [dict(group) for group in groups]
-        self.ds._config.load_universal_checkpoint = elastic
-        try:
+        source = universal_folder(folder) if elastic else folder
+        with universal_load(self.ds, elastic):
             path, _ = self.ds.load_checkpoint(
-                str(universal_folder(folder) if elastic else folder),
-                tag=CHECKPOINT_TAG,
-                load_optimizer_states=optimizer,
-                load_lr_scheduler_states=optimizer,
+                str(source), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer, load_lr_scheduler_states=optimizer
             )
-        finally:
-            self.ds._config.load_universal_checkpoint = False
         for group, kept in zip(groups, before):  # a load copies the saved groups' settings (ZeRO-3's universal
             group.clear()  # load: the first group's onto all); ours come from the recipe
             group.update(kept)

@@ -6,13 +6,10 @@ import importlib
 import torch
 
 from scale.engine.base import Engine
-from scale.engine.dist import DistInfo
 from scale.engine.kinds import KINDS
-from scale.engine.parallel import as_parallel
+from scale.engine.parallel import ParallelContext
 
 
-def build_engine(engine_cfg, optim_cfg, dist_info: DistInfo, device: torch.device) -> Engine:
-    """`dist_info`: the run's ParallelContext (or a plain DistInfo, from which one is built for engine.shard_size)."""
-    dist_info = as_parallel(dist_info, device, engine_cfg.shard_size)
+def build_engine(engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device) -> Engine:
     module, name = KINDS[engine_cfg.kind]
     return getattr(importlib.import_module(module), name)(engine_cfg, optim_cfg, dist_info, device)

@@ -15,11 +15,12 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from scale.engine.kinds import SETTINGS
+from scale.engine.parallel import ParallelContext, parallel_context
 
 KEYS = ("params", "grads", "optimizer", "teacher", "total")
 
 
-def measure_one(cfg, info, device: torch.device) -> dict[str, int]:
+def measure_one(cfg, info: ParallelContext, device: torch.device) -> dict[str, int]:
     """One training step (scale.step.TrainStep, as training runs it) on one synthetic image per micro-batch and
     rank, in the recipe's crop layout; then what the engine holds."""
     from scale.bench.synthetic import SyntheticLoader
@@ -46,7 +47,7 @@ def measure(cfg, engines: list[str]) -> dict[str, dict[str, int]]:
         if label not in SETTINGS:
             raise ValueError(f"unknown engine '{label}' (expected one of {', '.join(SETTINGS)})")
         run_cfg = OmegaConf.merge(cfg, {"engine": SETTINGS[label]})
-        held = measure_one(run_cfg, info, device)
+        held = measure_one(run_cfg, parallel_context(info, device, run_cfg.engine.shard_size), device)
         values = torch.tensor([held[k] for k in KEYS], dtype=torch.float64)
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
         report[label] = {k: int(v) for k, v in zip(KEYS, values.tolist())}

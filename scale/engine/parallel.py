@@ -1,6 +1,7 @@
 """The parallel context: which ranks shard the model together and which ones see different data, built once from the
-launcher's environment and the recipe's engine.shard_size, then passed to the loader, the methods, the engines,
-clipping and the checkpointer.
+launcher's environment and the recipe's engine.shard_size (`init_parallel`, right after the process group exists;
+`parallel_context` without a group or over an existing one), then passed to the loader, the methods, the engines,
+clipping and the checkpointer: nothing past the training entry takes a plain DistInfo.
 
 The ranks form a named 2-D DeviceMesh ("replicate", "shard"): groups of `shard_size` consecutive ranks (one node
 under Slurm) each hold one copy of the model sharded over the group, and the copies are replicated across groups
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from scale.engine.dist import DistInfo
+from scale.engine.dist import DistInfo, init_distributed
 from scale.errors import UserError
 
 MESH_DIMS = ("replicate", "shard")
@@ -36,10 +37,6 @@ class ParallelContext(DistInfo):
     @property
     def replicas(self) -> int:
         return self.world_size // self.shard_size
-
-    @property
-    def shard_group(self) -> dist.ProcessGroup | None:
-        return None if self.mesh is None else self.mesh.get_group("shard")
 
     def describe(self) -> str:
         return f"{self.replicas} replica(s) x {self.shard_size} shard(s)"
@@ -75,12 +72,8 @@ def parallel_context(info: DistInfo, device: torch.device, shard_size: int = 0) 
     )
 
 
-def as_parallel(info: DistInfo, device: torch.device, shard_size: int = 0) -> ParallelContext:
-    """`info` itself when it is a context already (the training loop builds one and passes it everywhere); one built
-    from it otherwise (tools and tests that hold only a DistInfo)."""
-    if isinstance(info, ParallelContext):
-        want = resolve_shard_size(shard_size, info.world_size)
-        if want != info.shard_size:
-            raise ValueError(f"the parallel context shards over {info.shard_size} ranks, the engine asks for {want}")
-        return info
-    return parallel_context(info, device, shard_size)
+def init_parallel(shard_size: int = 0, timeout_minutes: int = 30) -> tuple[ParallelContext, torch.device]:
+    """The process group (scale.engine.dist.init_distributed), then the run's context over it: how the training
+    entry, the tools and the tests that need a process group start. Collective."""
+    info, device = init_distributed(timeout_minutes)
+    return parallel_context(info, device, shard_size), device

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from scale.checkpoint.checkpointer import COUNTERS_DIR, Checkpointer
 from scale.checkpoint.store import LATEST, META, file_sizes, step_name
 from scale.data.loader import Loader
-from scale.engine.dist import DistInfo
+from scale.engine.parallel import ParallelContext
 
 
 class Stateful:
@@ -44,7 +44,9 @@ def checkpointer(root, weight, async_save=True, rank=0, world_size=1):
             "meta": {"name": "toy"},
         }
     )
-    info = DistInfo(rank=rank, world_size=world_size, local_rank=0, master_addr="", master_port=0, launcher="single")
+    info = ParallelContext(
+        rank=rank, world_size=world_size, local_rank=0, master_addr="", master_port=0, launcher="single"
+    )
     engine = Stateful(w=weight)
     return Checkpointer(root, cfg, info, engine, Stateful(c=1), CountingLoader(), Stateful(m=0)), engine
 

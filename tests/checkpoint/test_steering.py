@@ -16,7 +16,7 @@ from scale.config import load_recipe
 from scale.config.fields import FIXED, NOTED
 from scale.config.schema import Recipe
 from scale.config.validate import get_key, schema_rules
-from scale.engine.dist import DistInfo
+from scale.engine.parallel import ParallelContext
 from scale.errors import ConfigError, UserError
 from scale.resume import check_compatible, keys_with
 from tests.checkpoint.test_checkpointer_state import CountingLoader, Stateful
@@ -61,7 +61,7 @@ def toy(root, value, width=4, resume_step=None, reset=()):
             "meta": {"name": "toy"},
         }
     )
-    info = DistInfo(rank=0, world_size=1, local_rank=0, master_addr="", master_port=0, launcher="single")
+    info = ParallelContext(rank=0, world_size=1, local_rank=0, master_addr="", master_port=0, launcher="single")
     engine, loader = ToyEngine(value, width), CountingLoader()
     return Checkpointer(root, cfg, info, engine, ToyMethod(c=1), loader, Stateful(m=0)), engine, loader
 

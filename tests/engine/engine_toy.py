@@ -196,11 +196,14 @@ def build(engine_kw: dict, optim_kw: dict, method_kw: dict | None = None):
     """Inside a process group: the toy (seeded per rank: the engine must broadcast rank 0's) and its engine."""
     from scale.engine import build_engine
     from scale.engine.dist import detect
+    from scale.engine.parallel import parallel_context
 
-    info = detect()
+    info, engine_cfg = detect(), EngineConfig(**engine_kw)
     torch.manual_seed(info.rank)  # rank 0 builds what reference_run builds; other ranks differ
     method = ToyMethod(**(method_kw or {}))
-    engine = build_engine(EngineConfig(**engine_kw), optim_config(**optim_kw), info, device_for(info))
+    device = device_for(info)
+    context = parallel_context(info, device, engine_cfg.shard_size)
+    engine = build_engine(engine_cfg, optim_config(**optim_kw), context, device)
     engine.setup(method)
     return method, engine
 
@@ -399,11 +402,12 @@ def meta_job(kind: str) -> dict:
     """Build the toy on the meta device; the engine materialises it after wrapping and trains one step."""
     from scale.engine import build_engine
     from scale.engine.dist import detect
+    from scale.engine.parallel import parallel_context
 
-    info = detect()
+    info, engine_cfg, cpu = detect(), EngineConfig(kind=kind), torch.device("cpu")
     with torch.device("meta"):
         method = ToyMethod()
-    engine = build_engine(EngineConfig(kind=kind), optim_config(), info, torch.device("cpu"))
+    engine = build_engine(engine_cfg, optim_config(), parallel_context(info, cpu, engine_cfg.shard_size), cpu)
     engine.setup(method)
     student, teacher = engine.export_state_dict("student"), engine.export_state_dict("teacher")
     loss, _ = method.loss(shard_batch(make_batch(0), info.rank, info.world_size), context(FROZEN_STEPS))

@@ -13,9 +13,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from scale.engine.activation import apply_activation_checkpointing, blocks_to_checkpoint
 from scale.engine.clip import clip_gradients
 from scale.engine.config import EngineConfig
-from scale.engine.dist import DistInfo
 from scale.engine.factory import build_engine
 from scale.engine.materialize import materialize
+from scale.engine.parallel import ParallelContext
 from scale.engine.params import clean_name
 from scale.engine.precision import resolve_precision
 from scale.errors import UserError
@@ -216,7 +216,7 @@ def test_toy_method_contract():
 
 def test_gradient_accumulation_counts_backward_calls():
     """The Engine base's guard, shared by DDP, FSDP2 and DeepSpeed: grad_accum backward calls, then one step."""
-    info = DistInfo(0, 1, 0, "127.0.0.1", 0, "single")
+    info = ParallelContext(0, 1, 0, "127.0.0.1", 0, "single")
     engine = build_engine(EngineConfig(kind="ddp", grad_accum=2), optim_config(), info, CPU)
     with pytest.raises(RuntimeError, match=r"step\(\) after 0 backward calls; engine.grad_accum=2"):
         engine.check_accumulated()

@@ -6,7 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 from scale.engine.dist import DistInfo
-from scale.engine.parallel import ParallelContext, as_parallel, resolve_shard_size
+from scale.engine.parallel import ParallelContext, parallel_context, resolve_shard_size
 from scale.errors import UserError
 from scale.train import train_loader
 from tests.data.helpers import good_shards, tiny_cfg
@@ -28,13 +28,10 @@ def test_shard_size_zero_is_every_rank_and_must_divide_the_world():
 
 
 def test_without_a_process_group_the_context_is_local():
-    ctx = as_parallel(info(), CPU, 0)
+    ctx = parallel_context(info(), CPU, 0)
     assert (ctx.mesh, ctx.dp_group, ctx.dp_rank, ctx.dp_size, ctx.shard_size) == (None, None, 0, 1, 1)
     assert ctx.is_main and ctx.launcher == "single"
-    assert as_parallel(ctx, CPU, 0) is ctx  # built once, then passed along
-    four = ParallelContext(**vars(info(0, 4)), shard_size=4)
-    with pytest.raises(ValueError, match="shards over 4 ranks, the engine asks for 2"):
-        as_parallel(four, CPU, 2)
+    assert parallel_context(info(0, 4), CPU, 2).shard_size == 2
 
 
 def contexts(dp_size: int, rank_offset: int = 0) -> list[ParallelContext]:

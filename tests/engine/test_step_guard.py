@@ -12,7 +12,7 @@ from scale.bench.synthetic import SyntheticLoader
 from scale.checkpoint.export import read_tensors
 from scale.checkpoint.store import CheckpointStore
 from scale.config import load_recipe
-from scale.engine.dist import init_distributed
+from scale.engine.parallel import init_parallel
 from scale.errors import NonFiniteLoss
 from scale.rundir import RunDir
 from scale.step import TrainStep
@@ -90,7 +90,7 @@ def run_trainer(tmp_path, monkeypatch, data, sabotage) -> tuple[str, RunDir]:
     monkeypatch.setenv("SCALE_DATA", str(data))
     overrides = [*TINY, "train.max_steps=8", "train.ckpt_every_steps=2", "train.log_every=100"]
     cfg = load_recipe("demo/dino_tiny", [*overrides, "engine.kind=fsdp2", "train.preempt_check_every=100"])
-    info, device = init_distributed()
+    info, device = init_parallel()
     run = RunDir(tmp_path / "run")
     trainer = Trainer(cfg, run, info, device)
     sabotage(trainer)

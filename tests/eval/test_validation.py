@@ -113,14 +113,14 @@ def test_finetune_is_a_training_run_whose_val_top1_is_the_exported_models(data, 
 
 def test_validation_leaves_the_training_rng_untouched(data, tmp_path):
     from scale.engine.dist import detect
-    from scale.engine.parallel import as_parallel
+    from scale.engine.parallel import parallel_context
     from scale.eval.classify import Validation
 
     _, recipe = data
     cfg = load_recipe(recipe)
     method = build_method(cfg, 8, 16)
     validation = Validation(
-        cfg, as_parallel(detect({}), torch.device("cpu")), torch.device("cpu"), tmp_path / "val.json"
+        cfg, parallel_context(detect({}), torch.device("cpu")), torch.device("cpu"), tmp_path / "val.json"
     )
     before = torch.get_rng_state()
     metrics = validation(method, torch.no_grad, step=8, epoch=1.0)

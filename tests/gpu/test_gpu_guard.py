@@ -16,7 +16,8 @@ from test_step_sync import SyncCounter
 
 from scale.bench.synthetic import SyntheticLoader
 from scale.config import load_recipe
-from scale.engine.dist import init_distributed, shutdown
+from scale.engine.dist import shutdown
+from scale.engine.parallel import init_parallel
 from scale.step import TrainStep
 
 pytestmark = pytest.mark.gpu
@@ -26,7 +27,7 @@ BAD = 2  # the bad step (0-based), after two good ones
 
 @pytest.fixture(scope="module")
 def group():
-    info, device = init_distributed()
+    info, device = init_parallel()
     assert device.type == DEVICE
     yield info, device
     shutdown()

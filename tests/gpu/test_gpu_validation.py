@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from scale.checkpoint.export import export
 from scale.config import load_recipe
-from scale.engine.dist import init_distributed, shutdown
+from scale.engine.dist import shutdown
+from scale.engine.parallel import init_parallel
 from scale.eval.data import ShardSamples, eval_views_cfg
 from scale.methods import build_method
 from scale.rundir import RunDir
@@ -28,7 +29,7 @@ SHORT = ["train.epochs=2", "train.samples_per_epoch=64", "train.log_every=1", "t
 @pytest.fixture(scope="module")
 def group():
     exact_fp32()
-    info, device = init_distributed()
+    info, device = init_parallel()
     assert device.type == DEVICE
     yield info, device
     shutdown()

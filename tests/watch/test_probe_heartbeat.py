@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from scale.config import load_recipe
-from scale.engine.parallel import as_parallel
 from scale.launch.status import run_status, summary_row
 from scale.progress import progress_bar
 from scale.step import TrainStep, read_record
@@ -20,7 +19,6 @@ from tests.watch.test_collapse import TINY
 
 def train(group, probe: bool, steps: int = 3) -> tuple[TrainStep, dict]:
     info, device = group
-    info = as_parallel(info, device)
     cfg = load_recipe(
         "demo/dino_tiny",
         [*TINY, f"train.probe.enabled={str(probe).lower()}", "train.probe.lr=0.1", "model.drop_path=0.1"],

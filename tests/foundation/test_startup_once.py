@@ -1,0 +1,57 @@
+"""Start-up reads the run directory once: `scale train` checks that the run can continue with the recipe
+(check_resumable) and lists the sealed checkpoints once per process, and the Trainer uses what it read; only the
+resume itself lists them again (scale.checkpoint.checkpointer)."""
+
+from collections import Counter
+
+import pytest
+
+import scale.train
+from scale.checkpoint.store import CheckpointStore
+from scale.train import main
+
+TINY = [
+    "train.global_batch=4",
+    "data.views.n_local=[2]",
+    "method.dino.out_dim=64",
+    "method.dino.hidden_dim=32",
+    "method.dino.bottleneck_dim=16",
+    "optim.warmup_epochs=0",
+    "train.knn_monitor_every=0",
+    "engine.kind=ddp",
+]
+
+
+@pytest.fixture
+def calls(monkeypatch) -> Counter:
+    """Calls of check_resumable and CheckpointStore.candidates, by the module that made them."""
+    counted: Counter = Counter()
+    check, candidates = scale.train.check_resumable, CheckpointStore.candidates
+
+    def counting_check(run, cfg):
+        counted["check_resumable"] += 1
+        return check(run, cfg)
+
+    def counting_candidates(store):
+        import sys
+
+        counted[f"candidates from {sys._getframe(1).f_globals['__name__']}"] += 1
+        return candidates(store)
+
+    monkeypatch.setattr(scale.train, "check_resumable", counting_check)
+    monkeypatch.setattr(CheckpointStore, "candidates", counting_candidates)
+    return counted
+
+
+def test_a_fresh_run_and_its_resume_read_the_run_directory_once(calls, tmp_path):
+    run = str(tmp_path / "run")
+    resume_listings = {"candidates from scale.checkpoint.checkpointer": 1}  # the resume's own plan
+    assert main("demo/dino_tiny", [*TINY, "train.max_steps=2"], run_dir=run, synthetic=True) == 0
+    assert dict(calls) == {"check_resumable": 1, f"candidates from {main.__module__}": 1, **resume_listings}
+    calls.clear()
+    longer = [*TINY, "train.max_steps=3", "train.epochs=200"]  # a NOTED change: allowed, named in the log once
+    assert main("demo/dino_tiny", longer, run_dir=run, synthetic=True) == 0
+    assert dict(calls) == {"check_resumable": 1, f"candidates from {main.__module__}": 1, **resume_listings}
+    assert [p.name for p in CheckpointStore(tmp_path / "run" / "checkpoints").candidates()][0] == "step_000000003"
+    log = (tmp_path / "run" / "logs" / "rank0.log").read_text()
+    assert log.count("resuming with a changed setting") == 1 and "train.epochs: 60 -> 200" in log
