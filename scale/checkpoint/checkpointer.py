@@ -29,7 +29,7 @@ from scale.checkpoint.store import CheckpointStore, step_name, step_of
 from scale.engine.dist import DistInfo
 from scale.errors import UserError
 from scale.faults import maybe_inject
-from scale.rundir import epochs_done
+from scale.loop.rundir import epochs_done
 
 log = logging.getLogger(__name__)
 MONITORS_FILE = "monitors.pt"

@@ -57,9 +57,9 @@ def load_backbones(args) -> tuple[object, dict]:
     """The recipe and label -> frozen backbone for every --weights (and --random-init)."""
     import torch
 
+    from scale.checkpoint.weights import load_backbone
     from scale.errors import UserError
     from scale.eval.session import build_config
-    from scale.eval.weights import load_backbone
 
     cfg = build_config(args.recipe, args.overrides, args.model)
     sources = {}

@@ -1,1 +1,2 @@
-"""Data: shards (WebDataset), their readers and loaders, multi-crop views, the embedded data sets."""
+"""Data: shards (WebDataset), their readers and loaders, multi-crop views, the embedded data sets,
+the exact evaluation passes (evaluation.py) that in-training validation and `scale eval` share."""

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from scale.data.evaluation import dataset_info
 from scale.errors import UserError
 from scale.eval import features as feats
-from scale.eval.data import dataset_info
 
 
 def nearest(

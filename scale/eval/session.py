@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from scale.checkpoint.weights import load_backbone
 from scale.config import load_recipe
+from scale.data.evaluation import eval_batches, eval_views_cfg
 from scale.engine.dist import DistInfo
 from scale.eval import features as feats
-from scale.eval.data import eval_batches, eval_views_cfg
-from scale.eval.weights import load_backbone
 
 log = logging.getLogger(__name__)
 

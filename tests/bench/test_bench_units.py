@@ -15,10 +15,10 @@ from scale.bench.trace import trace_step
 from scale.commands.bench import _train_parser
 from scale.config import load_recipe
 from scale.errors import UserError
+from scale.loop.step import TrainStep
 from scale.models.config import ModelConfig
 from scale.models.flops import count_macs
 from scale.models.registry import build_backbone
-from scale.step import TrainStep
 
 TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))
 

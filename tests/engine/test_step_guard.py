@@ -14,9 +14,9 @@ from scale.checkpoint.store import CheckpointStore
 from scale.config import load_recipe
 from scale.engine.dist import init_distributed
 from scale.errors import NonFiniteLoss
-from scale.rundir import RunDir
-from scale.step import TrainStep
-from scale.train import Trainer
+from scale.loop.rundir import RunDir
+from scale.loop.step import TrainStep
+from scale.loop.train import Trainer
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 

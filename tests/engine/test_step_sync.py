@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from scale.bench.synthetic import SyntheticLoader
 from scale.config import load_recipe
-from scale.step import TrainStep, read_record
+from scale.loop.step import TrainStep, read_record
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from scale.errors import PREEMPTED_EXIT_CODE, ConfigError
-from scale.runlock import RunLock
+from scale.loop.runlock import RunLock
 from tests.helpers_run import TINY, clean_env, run_train
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out

@@ -17,7 +17,7 @@ from test_step_sync import SyncCounter
 from scale.bench.synthetic import SyntheticLoader
 from scale.config import load_recipe
 from scale.engine.dist import init_distributed, shutdown
-from scale.step import TrainStep
+from scale.loop.step import TrainStep
 
 pytestmark = pytest.mark.gpu
 

@@ -13,21 +13,21 @@ from scale.checkpoint.init import check_init_weights
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.factory import build_loader
-from scale.diskspace import check_before_save, check_start
 from scale.engine.dist import DistInfo, detect, init_distributed, shutdown
 from scale.engine.parallel import ParallelContext, as_parallel, parallel_context
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
-from scale.eval.classify import Validation, check_val_data
 from scale.faults import maybe_inject
 from scale.launch.local import LAUNCH_MARK, already_launched, spawn
+from scale.loop.diskspace import check_before_save, check_start
+from scale.loop.preemption import Preemption
+from scale.loop.progress import progress_bar
+from scale.loop.resume import check_resumable
+from scale.loop.rundir import RunDir, epochs_done, setup_logging
+from scale.loop.runlock import RunLock
+from scale.loop.runlock import hold as hold_run_lock
+from scale.loop.step import NonFiniteStep, TrainStep, read_record
+from scale.loop.validation import Validation, check_val_data
 from scale.methods import has_class_head
-from scale.preemption import Preemption
-from scale.progress import progress_bar
-from scale.resume import check_resumable
-from scale.rundir import RunDir, epochs_done, setup_logging
-from scale.runlock import RunLock
-from scale.runlock import hold as hold_run_lock
-from scale.step import NonFiniteStep, TrainStep, read_record
 from scale.trackers import Trackers, check_trackers
 from scale.watch.collapse import CollapseAlarm
 from scale.watch.heartbeat import Heartbeat
