@@ -30,8 +30,8 @@ from torch._dynamo.utils import calculate_time_spent
 
 from scale.bench.flops import device_peak, step_flops
 from scale.bench.memory import MemoryTrace
-from scale.bench.synthetic import SyntheticLoader, crop_layout
 from scale.bench.trace import trace_step
+from scale.data.synthetic import SyntheticLoader, crop_layout
 from scale.engine.dist import DistInfo
 from scale.engine.parallel import as_parallel
 from scale.loop.step import TrainStep, no_phase, read_record

@@ -18,9 +18,9 @@ from omegaconf import OmegaConf
 
 from scale.bench.flops import step_flops
 from scale.bench.run import bench_config
-from scale.bench.synthetic import IMAGENET_TRAIN
 from scale.bench.trace import trace_step
 from scale.config import load_recipe
+from scale.data.synthetic import IMAGENET_TRAIN
 from scale.errors import UserError
 from scale.models.config import ModelConfig
 from scale.models.flops import count_macs

@@ -23,7 +23,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import FlopCounterMode
 
-from scale.bench.synthetic import SyntheticLoader
+from scale.data.synthetic import SyntheticLoader
 from scale.engine.activation import part_blocks
 from scale.engine.base import Engine
 from scale.engine.parallel import ParallelContext

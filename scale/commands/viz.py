@@ -127,7 +127,7 @@ def cmd_attention(args) -> int:
 
 
 def cmd_correspondence(args) -> int:
-    from scale.viz.correspondence import correspondence_picture
+    from scale.eval.correspondence_picture import correspondence_picture
     from scale.viz.images import patch_size, read_rgb, to_input
 
     cfg, backbones = load_backbones(args)

@@ -101,7 +101,7 @@ def train_loader(cfg: DictConfig, info: ParallelContext, device: torch.device):
 
 def synthetic_loader(cfg: DictConfig, info: ParallelContext):
     """This rank's random batches in the recipe's crop layout (`scale train --synthetic-data`)."""
-    from scale.bench.synthetic import SyntheticLoader
+    from scale.data.synthetic import SyntheticLoader
 
     log.info("synthetic data: random batches of the recipe's crop layout, no shards read, no validation")
     return SyntheticLoader(cfg, info.dp_rank, info.dp_size)

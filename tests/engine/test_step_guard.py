@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from scale.bench.synthetic import SyntheticLoader
 from scale.checkpoint.export import read_tensors
 from scale.checkpoint.store import CheckpointStore
 from scale.config import load_recipe
+from scale.data.synthetic import SyntheticLoader
 from scale.engine.dist import init_distributed
 from scale.errors import NonFiniteLoss
 from scale.loop.rundir import RunDir

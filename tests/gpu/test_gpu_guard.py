@@ -14,8 +14,8 @@ from gpu_env import DEVICE
 from test_step_guard import TINY, nan_at, state
 from test_step_sync import SyncCounter
 
-from scale.bench.synthetic import SyntheticLoader
 from scale.config import load_recipe
+from scale.data.synthetic import SyntheticLoader
 from scale.engine.dist import init_distributed, shutdown
 from scale.loop.step import TrainStep
 
