@@ -19,9 +19,9 @@ from scale.data.embedded import build
 from scale.engine.dist import detect
 from scale.errors import PREEMPTED_EXIT_CODE, UserError
 from scale.eval import knn
-from scale.eval.session import open_session, write_json
+from scale.eval.session import open_session
 from scale.launch.local import fresh_environment
-from scale.loop.rundir import read_metrics
+from scale.loop.rundir import read_metrics, write_json
 from scale.report import write_report
 from scale.trackers import attach_artifacts, check_trackers
 

@@ -20,7 +20,7 @@ KEYS = ("params", "grads", "optimizer", "teacher", "total")
 
 
 def measure_one(cfg, info, device: torch.device) -> dict[str, int]:
-    """One training step (scale.step.TrainStep, as training runs it) on one synthetic image per micro-batch and
+    """One training step (scale.loop.step.TrainStep, as training runs it) on one synthetic image per micro-batch and
     rank, in the recipe's crop layout; then what the engine holds."""
     from scale.data.synthetic import SyntheticLoader
     from scale.loop.step import TrainStep

@@ -231,12 +231,6 @@ def mocov3_3(args, measure) -> tuple[list[dict], str]:
 TABLES = {"dino8": dino8, "esvit9": esvit9, "mocov3-3": mocov3_3}
 
 
-def main(argv: list[str]) -> int:
-    from scale.commands.bench import table_parser
-
-    return run(table_parser().parse_intermixed_args(argv))
-
-
 def run(args) -> int:
     """`scale bench table` with its parsed arguments (scale.commands.bench.table_parser)."""
     from scale.engine.dist import shutdown

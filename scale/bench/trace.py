@@ -255,7 +255,7 @@ class TracingEngine(Engine):
 
 def trace_step(cfg, images: int = TRACE_IMAGES, info: ParallelContext | None = None) -> StepTrace:
     """Trace one step of recipe `cfg` with `images` images per rank, at the epoch where any region loss has started,
-    run by the training step itself (scale.step.TrainStep) with a `TracingEngine`. With `info` (the run's parallel
+    run by the training step itself (scale.loop.step.TrainStep) with a `TracingEngine`. With `info` (the run's parallel
     context) it is collective over the data-parallel group: every rank must call it (the loss may all-reduce, e.g.
     DINO's center)."""
     from scale.loop.step import TrainStep

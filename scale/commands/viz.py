@@ -85,7 +85,7 @@ def cmd_attention(args) -> int:
     from scale.commands.eval import result_path
     from scale.errors import UserError
     from scale.eval import voc
-    from scale.eval.session import write_json
+    from scale.loop.rundir import write_json
     from scale.viz.attention import check_keep, check_vit
     from scale.viz.figures import attention_picture
     from scale.viz.images import patch_size, read_rgb, to_input

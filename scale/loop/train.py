@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from scale.checkpoint import Checkpointer, CheckpointStore
 from scale.checkpoint.init import check_init_weights
+from scale.checkpoint.store import epochs_done
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.factory import build_loader
@@ -22,7 +23,7 @@ from scale.loop.diskspace import check_before_save, check_start
 from scale.loop.preemption import Preemption
 from scale.loop.progress import progress_bar
 from scale.loop.resume import check_resumable
-from scale.loop.rundir import RunDir, epochs_done, setup_logging
+from scale.loop.rundir import RunDir, setup_logging
 from scale.loop.runlock import RunLock
 from scale.loop.runlock import hold as hold_run_lock
 from scale.loop.step import NonFiniteStep, TrainStep, read_record
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: int = 0, synthetic: bool = False) -> int:
-    """`synthetic`: random batches of the recipe's crop layout instead of its shards (scale.bench.synthetic, as
+    """`synthetic`: random batches of the recipe's crop layout instead of its shards (scale.data.synthetic, as
     `scale bench --synthetic-data`), no validation: a smoke run of the engine, the collectives, checkpointing and
     resume on a new cluster before any data is there."""
     cfg = load_recipe(recipe, overrides)  # validate before spawning anything
@@ -110,7 +111,7 @@ def synthetic_loader(cfg: DictConfig, info: ParallelContext):
 class Trainer:
     def __init__(self, cfg: DictConfig, run: RunDir, info: DistInfo, device: torch.device, synthetic: bool = False):
         """`info`: the run's ParallelContext (or a DistInfo, from which one is built for engine.shard_size).
-        `synthetic`: random batches instead of the recipe's shards (scale.bench.synthetic)."""
+        `synthetic`: random batches instead of the recipe's shards (scale.data.synthetic)."""
         info = as_parallel(info, device, cfg.engine.shard_size)
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         changed = prepare_run_dir(cfg, run, info)

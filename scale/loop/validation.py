@@ -16,7 +16,7 @@ import torch.distributed as dist
 from scale.data.evaluation import dataset_info, eval_views_cfg, lockstep_batches
 from scale.engine.parallel import ParallelContext
 from scale.errors import ConfigError, UserError
-from scale.eval.session import write_json
+from scale.loop.rundir import write_json
 
 log = logging.getLogger(__name__)
 
