@@ -227,9 +227,12 @@ def benchmark(recipe: str, overrides: list[str], out: Path, env: dict, nproc: in
 
 def _planned_steps(recipe: str, overrides: list[str]) -> int:
     from scale.data.factory import build_loader
+    from scale.data.spec import LoaderSpec
 
     cfg = load_recipe(recipe, overrides)
-    loader = build_loader(cfg.data, "train", cfg.train.global_batch, 0, 1, cfg.train.seed, cfg.train.samples_per_epoch)
+    loader = build_loader(
+        LoaderSpec(cfg.data, "train", cfg.train.global_batch, 0, 1, cfg.train.seed, cfg.train.samples_per_epoch)
+    )
     total = cfg.train.epochs * loader.steps_per_epoch
     return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 

@@ -33,7 +33,7 @@ def register(sub) -> None:
 
 def cmd_build(args) -> int:
     from scale.data import embedded
-    from scale.data.shards import build_shards
+    from scale.data.shards.write import build_shards
     from scale.data.sources import open_source, parse_source
 
     kind, path = parse_source(args.source)
@@ -61,7 +61,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from scale.data.shards import verify
+    from scale.data.shards.verify import verify
 
     problems = verify(args.dir, decode=not args.no_decode, progress=True)
     for problem in problems:
@@ -71,7 +71,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_dali_index(args) -> int:
-    from scale.data.shards import write_dali_indexes
+    from scale.data.dali.index import write_dali_indexes
 
     paths = write_dali_indexes(args.dir)
     print(f"{args.dir}: {len(paths)} DALI index file(s) up to date")

@@ -24,7 +24,8 @@ from scale.data.factory import build_loader
 from scale.data.loader import ShardReader, collate
 from scale.data.photometric import Photometric
 from scale.data.reference import ReferenceDino
-from scale.data.shards import read_manifest
+from scale.data.shards.read import read_manifest
+from scale.data.spec import LoaderSpec
 from scale.data.views import build_views
 from scale.extras import available
 
@@ -165,7 +166,7 @@ def bench_dali(
     cfg.views = views_cfg
     total = read_manifest(shard_dir)["num_samples"]
     steps = max(1, min(images, total) // batch - 1)
-    loader = build_loader(cfg, "train", batch, 0, 1, seed=0, samples_per_epoch=(steps + 1) * batch)
+    loader = build_loader(LoaderSpec(cfg, "train", batch, 0, 1, seed=0, samples_per_epoch=(steps + 1) * batch))
     batches = iter(loader)
     next(batches)
     wall, cpu = time.perf_counter(), time.process_time()

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from scale.data.shards import Item, Source, build_shards
+from scale.data.shards.write import Item, Source, build_shards
 from scale.errors import UserError
 from scale.extras import require
 

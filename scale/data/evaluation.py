@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from scale.data.batch import Batch
 from scale.data.loader import SampleError, ShardReader, labels_tensor, make_views, worker_count
-from scale.data.shards import read_manifest
+from scale.data.shards.read import read_manifest
 from scale.data.views import build_views, normalize
 from scale.errors import UserError
 

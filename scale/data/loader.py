@@ -1,4 +1,5 @@
-"""Resumable, rank-split loaders over shard directories; they yield `scale.data.batch.Batch`.
+"""Resumable, rank-split loaders over shard directories, built from a `LoaderSpec` (scale/data/spec.py); they yield
+`scale.data.batch.Batch`.
 
 Position. A loader's position is the GLOBAL number of samples consumed since the start of training (a multiple of
 global_batch). Every rank runs steps_per_epoch = samples_per_epoch // global_batch steps per epoch, whatever the
@@ -47,7 +48,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from scale.data.batch import Batch
 from scale.data.photometric import Photometric, resolve
-from scale.data.shards import read_index, read_manifest
+from scale.data.shards.read import read_index, read_manifest
+from scale.data.spec import LoaderSpec
 from scale.data.views import build_views, normalize
 from scale.errors import UserError
 
@@ -325,52 +327,39 @@ def worker_count(wanted: int, what: str) -> int:
 class Loader:
     reads_ahead = False  # scale.data.prefetch copies its batches to a GPU ahead of the step
 
-    def __init__(
-        self,
-        data_cfg,
-        split: str,
-        global_batch: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        samples_per_epoch: int | None = None,
-        views_cfg=None,
-        pin_memory: bool = False,
-    ):
-        """`pin_memory`: batches for a CUDA device, in page-locked memory (asynchronous copies, scale.data.prefetch);
-        data.views.photometric_on=auto then puts the photometric ops on that device."""
-        if split not in ("train", "val"):
-            raise UserError(f"split must be train or val, got '{split}'")
-        if global_batch <= 0 or global_batch % world_size:
-            raise UserError(
-                f"train.global_batch={global_batch} must be a positive multiple of the world size {world_size}"
-            )
-        self.cfg, self.views_cfg = data_cfg, views_cfg if views_cfg is not None else data_cfg.views
-        self.dir = Path(data_cfg.train if split == "train" else data_cfg.val)
+    def __init__(self, spec: LoaderSpec):
+        """spec.pin_memory: batches for a CUDA device, in page-locked memory (asynchronous copies,
+        scale.data.prefetch); data.views.photometric_on=auto then puts the photometric ops on that device."""
+        self.cfg, self.views_cfg, self.dir = spec.data, spec.views, spec.shard_dir
         self.manifest = read_manifest(self.dir)
         self.counts = [int(s["count"]) for s in self.manifest["shards"]]
         self.num_samples = sum(self.counts)
-        self.samples_per_epoch = samples_per_epoch or self.num_samples
-        if data_cfg.mode == "epochs" and self.samples_per_epoch > self.num_samples:
+        self.samples_per_epoch = spec.samples_per_epoch or self.num_samples
+        if self.cfg.mode == "epochs" and self.samples_per_epoch > self.num_samples:
             raise UserError(
                 f"samples_per_epoch={self.samples_per_epoch} exceeds the {self.num_samples} samples of "
                 f"{self.dir} (mode epochs visits each sample at most once per epoch)"
             )
-        self.steps_per_epoch = self.samples_per_epoch // global_batch
+        self.global_batch, self.rank, self.world_size, self.seed = (
+            spec.global_batch,
+            spec.rank,
+            spec.world_size,
+            spec.seed,
+        )
+        self.local_batch, self.pin_memory = spec.local_batch, spec.pin_memory
+        self.steps_per_epoch = self.samples_per_epoch // self.global_batch
         if self.steps_per_epoch == 0:
             raise UserError(
-                f"{self.dir}: {self.samples_per_epoch} samples per epoch is less than one global batch ({global_batch})"
+                f"{self.dir}: {self.samples_per_epoch} samples per epoch is less than one global batch "
+                f"({self.global_batch})"
             )
-        self.global_batch, self.rank, self.world_size, self.seed = global_batch, rank, world_size, seed
-        self.local_batch = global_batch // world_size
-        self.pin_memory = pin_memory
-        self.views = build_views(self.views_cfg, resolve(self.views_cfg.photometric_on, cuda=pin_memory))
+        self.views = build_views(self.views_cfg, resolve(self.views_cfg.photometric_on, cuda=self.pin_memory))
         self.position = 0
         self.errors: Counter = Counter()
         self.epoch_errors = 0
         self.samples_seen = 0
         self.empty_shards = sum(1 for c in self.counts if c == 0)
-        self.workers = worker_count(int(data_cfg.workers), f"{split} loader, rank {rank}")
+        self.workers = worker_count(int(self.cfg.workers), f"{spec.split} loader, rank {self.rank}")
 
     @property
     def epoch(self) -> int:

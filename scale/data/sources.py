@@ -6,7 +6,7 @@ from pathlib import Path, PurePosixPath
 
 from PIL import Image
 
-from scale.data.shards import Item, Source
+from scale.data.shards.write import Item, Source
 from scale.errors import UserError
 
 # every extension PIL opens (any case), except PostScript: opening it runs Ghostscript on the file, i.e. runs a program

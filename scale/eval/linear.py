@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from scale.data.batch import Batch
 from scale.data.evaluation import dataset_info, eval_views_cfg
 from scale.data.factory import build_loader
+from scale.data.spec import LoaderSpec
 from scale.errors import UserError
 from scale.eval.features import FeatureFn, last_blocks, pooled, world
 
@@ -251,13 +252,15 @@ def run(session) -> dict:
     data_cfg = copy.deepcopy(cfg.data)
     data_cfg.mode = "epochs"
     loader = build_loader(
-        data_cfg,
-        "train",
-        global_batch,
-        session.info.rank,
-        session.info.world_size,
-        cfg.train.seed,
-        views_cfg=probe_train_views(cfg.data.views),
+        LoaderSpec(
+            data_cfg,
+            "train",
+            global_batch,
+            session.info.rank,
+            session.info.world_size,
+            cfg.train.seed,
+            views=probe_train_views(cfg.data.views),
+        )
     )
 
     def log_epoch(epoch: int, loss: float) -> None:

@@ -14,6 +14,7 @@ from scale.checkpoint.store import epochs_done
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.factory import build_loader
+from scale.data.spec import LoaderSpec
 from scale.engine.dist import DistInfo, detect, init_distributed, shutdown
 from scale.engine.parallel import ParallelContext, as_parallel, parallel_context
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
@@ -89,14 +90,16 @@ def train_loader(cfg: DictConfig, info: ParallelContext, device: torch.device):
     """This rank's loader over the recipe's training shards: its share among the data-parallel ranks, in pinned
     memory for a CUDA device."""
     return build_loader(
-        cfg.data,
-        "train",
-        cfg.train.global_batch,
-        info.dp_rank,
-        info.dp_size,
-        seed=cfg.train.seed,
-        samples_per_epoch=cfg.train.samples_per_epoch,
-        pin_memory=device.type == "cuda",
+        LoaderSpec(
+            cfg.data,
+            "train",
+            cfg.train.global_batch,
+            info.dp_rank,
+            info.dp_size,
+            seed=cfg.train.seed,
+            samples_per_epoch=cfg.train.samples_per_epoch,
+            pin_memory=device.type == "cuda",
+        )
     )
 
 

@@ -58,3 +58,14 @@ def tiny_cfg(train: Path, **overrides):
     for key, value in overrides.items():
         OmegaConf.update(cfg, key, value)
     return cfg
+
+
+def make_imagefolder(root: Path, per_class: int = 3) -> Path:
+    """An imagefolder source: classes cat and dog, `per_class` JPEGs each, a PNG, and a file that is no image."""
+    for c, name in enumerate(["cat", "dog"]):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            (root / name / f"{i}.jpg").write_bytes(jpeg(10 * c + i, size=(80, 40)))
+    Image.new("RGB", (30, 30), "red").save(root / "dog" / "z.png")
+    (root / "cat" / "broken.jpg").write_bytes(b"not a jpeg at all")
+    return root

@@ -1,6 +1,6 @@
 """data.backend=dali in CPU mode: the same batches as the torchvision backend (layout, dtype), the same per-view
-augmentation statistics, DALI's own index format, rank sharding and exact resume; a clear error without a GPU.
-(What needs no DALI installed: test_dali_errors.py.)"""
+augmentation statistics, rank sharding and exact resume; a clear error without a GPU.
+(What needs no DALI installed: test_dali_errors.py, and DALI's index files: test_dali_index.py.)"""
 
 import math
 import random
@@ -14,7 +14,7 @@ pytest.importorskip("nvidia.dali", reason="DALI not installed (pip install 'scal
 from scale.data.dali.loader import DaliLoader, resolve_device  # noqa: E402
 from scale.data.dali.pipeline import PARAMS, build_pipeline  # noqa: E402
 from scale.data.factory import build_loader  # noqa: E402
-from scale.data.shards import write_dali_indexes  # noqa: E402
+from scale.data.spec import LoaderSpec  # noqa: E402
 from scale.data.views import random_resized_crop_box  # noqa: E402
 from scale.errors import UserError  # noqa: E402
 from tests.data.helpers import tiny_cfg  # noqa: E402
@@ -41,18 +41,9 @@ def test_gpu_requested_without_gpu_is_a_user_error(monkeypatch):
     assert resolve_device("auto") == "cpu"
 
 
-def test_index_is_the_one_dalis_own_tool_writes(photos, tmp_path):
-    wds2idx = pytest.importorskip("wds2idx")
-    ours = write_dali_indexes(photos)[0]
-    theirs = tmp_path / "theirs.idx"
-    with wds2idx.IndexCreator(str(photos / "shard-000000.tar"), str(theirs), verbose=False) as creator:
-        creator.create_index()
-    assert ours.read_text() == theirs.read_text()
-
-
 def test_batches_have_the_torchvision_layout_and_dtype(photos):
-    dali = build_loader(photos_cfg(photos), "train", 8, 0, 1, seed=0)
-    torchvision = build_loader(photos_cfg(photos, backend="torchvision"), "train", 8, 0, 1, seed=0)
+    dali = build_loader(LoaderSpec(photos_cfg(photos), "train", 8, 0, 1, seed=0))
+    torchvision = build_loader(LoaderSpec(photos_cfg(photos, backend="torchvision"), "train", 8, 0, 1, seed=0))
     assert isinstance(dali, DaliLoader) and dali.steps_per_epoch == torchvision.steps_per_epoch
     a, b = next(iter(dali)), next(iter(torchvision))
     assert a.views_per_group == b.views_per_group == [2, N_LOCAL]
@@ -65,6 +56,12 @@ def test_batches_have_the_torchvision_layout_and_dtype(photos):
         assert abs(x.mean() - y.mean()) < 0.5 and abs(x.std() - y.std()) < 0.3
 
 
+def test_a_pinned_memory_spec_gives_dali_nothing_to_pin_and_the_cpu_views(photos):
+    """DALI hands over its own buffers: the spec's pin_memory (set for a CUDA device) must not change its views."""
+    loader = build_loader(LoaderSpec(photos_cfg(photos), "train", 8, 0, 1, seed=0, pin_memory=True))
+    assert isinstance(loader, DaliLoader) and not loader.pin_memory and loader.views.photometric_on == "cpu"
+
+
 def test_view_major_rows_are_views_of_the_same_image(photos):
     """Row v*B + i of a group is view v of image i: with the whole image as the only crop and no colour ops, the
     two global views of each image are equal, and differ from the other images'."""
@@ -72,7 +69,7 @@ def test_view_major_rows_are_views_of_the_same_image(photos):
     cfg.views.global_scale, cfg.views.ratio, cfg.views.flip_p = [1.0, 1.0], [1.0, 1.0], 0.0
     cfg.views.color_jitter_p, cfg.views.grayscale_p = 0.0, 0.0
     cfg.views.blur_p, cfg.views.solarize_p = [0.0, 0.0], [0.0, 0.0]
-    batch = next(iter(build_loader(cfg, "train", 8, 0, 1, seed=0)))
+    batch = next(iter(build_loader(LoaderSpec(cfg, "train", 8, 0, 1, seed=0))))
     first, second = batch.crops[0][:8].flatten(1), batch.crops[0][8:].flatten(1)
     assert torch.equal(first, second)
     assert (torch.cdist(first, first) + torch.eye(8) * 1e9).min() > 1
@@ -81,7 +78,7 @@ def test_view_major_rows_are_views_of_the_same_image(photos):
 def drawn_parameters(photos, samples: int) -> dict:
     """Per-view random draws of the loader's pipeline (expose=True returns the nodes the ops consume) and the
     crops, over `samples` images."""
-    loader = DaliLoader(photos_cfg(photos), "train", 100, 0, 1, seed=5)
+    loader = DaliLoader(LoaderSpec(photos_cfg(photos), "train", 100, 0, 1, seed=5))
     pipe = build_pipeline(loader.spec(seed=11), expose=True)
     n_views = sum(loader.views.views_per_group)
     out = {name: [[] for _ in range(n_views)] for name in PARAMS + ("crop",)}
@@ -149,7 +146,7 @@ def test_greyscale_rate_of_the_crops_matches_torchvision(photos):
     for backend in ("dali", "torchvision"):
         cfg = photos_cfg(photos, backend=backend)
         cfg.views.n_local = [1]  # only the global crops are measured
-        loader = build_loader(cfg, "train", 100, 0, 1, seed=1)
+        loader = build_loader(LoaderSpec(cfg, "train", 100, 0, 1, seed=1))
         grey = [is_gray(b.crops[0].numpy(), cfg.views.mean, cfg.views.std) for b in loader]
         rates[backend] = np.concatenate(grey).mean()
     expected = 2 / 12 + 10 / 12 * cfg.views.grayscale_p
@@ -164,7 +161,7 @@ def test_solarize_and_blur_change_the_crops_as_torchvision_does(photos):
     for name, blur, solarize in (("plain", 0.0, 0.0), ("solarized", 0.0, 1.0), ("blurred", 1.0, 0.0)):
         cfg.views.blur_p, cfg.views.solarize_p = [blur, blur], [solarize, solarize]
         cfg.views.local_blur_p, cfg.views.local_solarize_p = blur, solarize
-        batch = next(iter(build_loader(cfg, "train", 8, 0, 1, seed=2)))
+        batch = next(iter(build_loader(LoaderSpec(cfg, "train", 8, 0, 1, seed=2))))
         mean, std = torch.tensor(cfg.views.mean).view(1, 3, 1, 1), torch.tensor(cfg.views.std).view(1, 3, 1, 1)
         crops[name] = (batch.crops[0] * std + mean) * 255
     plain = crops["plain"].round()
@@ -179,7 +176,7 @@ def test_solarize_and_blur_change_the_crops_as_torchvision_does(photos):
 def test_ranks_read_disjoint_parts(photos):
     keys = [set(), set()]
     for rank in (0, 1):
-        loader = build_loader(photos_cfg(photos), "train", 32, rank, 2, seed=0)
+        loader = build_loader(LoaderSpec(photos_cfg(photos), "train", 32, rank, 2, seed=0))
         for _, batch in zip(range(4), loader):
             keys[rank].update(batch.keys)
     assert len(keys[0]) == len(keys[1]) == 64 and not keys[0] & keys[1]
@@ -187,13 +184,13 @@ def test_ranks_read_disjoint_parts(photos):
 
 def test_resume_continues_at_the_same_position_across_an_epoch(photos):
     cfg = photos_cfg(photos)
-    first = build_loader(cfg, "train", 16, 0, 1, seed=4, samples_per_epoch=48)  # 3 steps per epoch
+    first = build_loader(LoaderSpec(cfg, "train", 16, 0, 1, seed=4, samples_per_epoch=48))  # 3 steps per epoch
     list(first)
     next(iter(first))
     state = first.state_dict()
     assert state["position"] == 64 and first.epoch == 1 and first.step_in_epoch == 1
     expected = list(first)  # the rest of epoch 1
-    resumed = build_loader(cfg, "train", 16, 0, 1, seed=4, samples_per_epoch=48)
+    resumed = build_loader(LoaderSpec(cfg, "train", 16, 0, 1, seed=4, samples_per_epoch=48))
     resumed.load_state_dict(state)
     got = list(resumed)
     assert len(got) == len(expected) == 2 and resumed.position == first.position == 96
@@ -204,10 +201,10 @@ def test_resume_continues_at_the_same_position_across_an_epoch(photos):
 
 def test_resume_on_another_world_size_keeps_the_position(photos, caplog):
     cfg = photos_cfg(photos)
-    first = build_loader(cfg, "train", 16, 0, 1, seed=4)
+    first = build_loader(LoaderSpec(cfg, "train", 16, 0, 1, seed=4))
     next(iter(first))
     state = first.state_dict()
-    other = build_loader(cfg, "train", 16, 1, 2, seed=4)
+    other = build_loader(LoaderSpec(cfg, "train", 16, 1, 2, seed=4))
     other.load_state_dict(state)
     batch = next(iter(other))
     assert other.position == 32 and batch.batch_size == 8

@@ -8,6 +8,7 @@ import pytest
 from scale.config import load_recipe
 from scale.data.factory import build_loader
 from scale.data.loader import Loader
+from scale.data.spec import LoaderSpec
 from scale.errors import ConfigError, UserError
 from tests.data.helpers import good_shards, tiny_cfg
 
@@ -16,7 +17,7 @@ def test_missing_dali_names_the_extra(tmp_path, monkeypatch):
     good_shards(tmp_path, [8])
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # import fails as when the extra is not installed
     with pytest.raises(UserError, match=r"pip install 'scale\[dali\]'"):
-        build_loader(tiny_cfg(tmp_path, backend="dali"), "train", 4, 0, 1, seed=0)
+        build_loader(LoaderSpec(tiny_cfg(tmp_path, backend="dali"), "train", 4, 0, 1, seed=0))
 
 
 def test_unknown_backend_is_refused_when_the_recipe_loads():
@@ -27,4 +28,4 @@ def test_unknown_backend_is_refused_when_the_recipe_loads():
 def test_views_dali_does_not_make_come_from_the_torchvision_loader(tmp_path):
     good_shards(tmp_path, [8])
     cfg = tiny_cfg(tmp_path, backend="dali", **{"views.kind": "eval"})
-    assert type(build_loader(cfg, "val", 4, 0, 1, seed=0)) is Loader
+    assert type(build_loader(LoaderSpec(cfg, "val", 4, 0, 1, seed=0))) is Loader

@@ -12,7 +12,8 @@ from scale.data import embedded
 from scale.data import views as views_mod
 from scale.data.config import ViewsConfig
 from scale.data.loader import ShardReader
-from scale.data.shards import read_manifest, verify
+from scale.data.shards.read import read_manifest
+from scale.data.shards.verify import verify
 from scale.data.views import build_views, random_resized_crop_box
 from tests.data.helpers import jpeg
 

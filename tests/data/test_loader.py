@@ -4,12 +4,13 @@ import torch
 
 from scale.data.factory import build_loader
 from scale.data.loader import EpochOrder
+from scale.data.spec import LoaderSpec
 from tests.data.helpers import good_shards, tiny_cfg
 
 
 def global_steps(cfg, world: int, state=None, epochs: int = 1, stop_after=None):
     """[(epoch, sorted keys of each global step)] over all ranks of a simulated world, and the final state."""
-    loaders = [build_loader(cfg, "train", 12, r, world, seed=3) for r in range(world)]
+    loaders = [build_loader(LoaderSpec(cfg, "train", 12, r, world, seed=3)) for r in range(world)]
     if state:
         for ld in loaders:
             ld.load_state_dict(state)
@@ -33,7 +34,7 @@ def global_steps(cfg, world: int, state=None, epochs: int = 1, stop_after=None):
 def test_every_rank_runs_the_same_steps_on_uneven_shards(tmp_path):
     good_shards(tmp_path, [7, 2, 13, 1, 5])  # 28 samples
     cfg = tiny_cfg(tmp_path)
-    loaders = [build_loader(cfg, "train", 8, r, 4, seed=0) for r in range(4)]
+    loaders = [build_loader(LoaderSpec(cfg, "train", 8, r, 4, seed=0)) for r in range(4)]
     counts = [sum(1 for _ in ld) for ld in loaders]
     assert counts == [28 // 8] * 4
     assert all(ld.position == 24 for ld in loaders)
@@ -62,8 +63,8 @@ def test_resume_changes_world_size_without_repeat_or_skip(tmp_path):
 def test_resumed_batches_are_identical_and_independent_of_workers(tmp_path):
     good_shards(tmp_path, [12, 12])
     cfg = tiny_cfg(tmp_path)
-    ref = list(build_loader(cfg, "train", 6, 0, 1, seed=1))
-    resumed = build_loader(tiny_cfg(tmp_path, workers=2), "train", 6, 0, 1, seed=1)
+    ref = list(build_loader(LoaderSpec(cfg, "train", 6, 0, 1, seed=1)))
+    resumed = build_loader(LoaderSpec(tiny_cfg(tmp_path, workers=2), "train", 6, 0, 1, seed=1))
     resumed.load_state_dict({"position": 12, "global_batch": 6})
     for a, b in zip(ref[2:], resumed):
         assert a.keys == b.keys
@@ -75,7 +76,7 @@ def test_batch_layout_is_view_major_grouped_by_resolution(tmp_path):
     good_shards(tmp_path, [8])
     cfg = tiny_cfg(tmp_path)
     cfg.views.local_sizes, cfg.views.n_local = [8, 12], [3, 1]
-    batch = next(iter(build_loader(cfg, "train", 4, 0, 1, seed=0)))
+    batch = next(iter(build_loader(LoaderSpec(cfg, "train", 4, 0, 1, seed=0))))
     assert batch.views_per_group == [2, 3, 1]
     assert [tuple(c.shape) for c in batch.crops] == [(8, 3, 16, 16), (12, 3, 8, 8), (4, 3, 12, 12)]
     assert batch.crops[0].dtype == torch.float32 and batch.labels.tolist() == [int(k) % 2 for k in batch.keys]
@@ -89,7 +90,7 @@ def test_epoch_order_is_a_permutation(tmp_path):
 def test_resampled_mode_yields_steps_per_epoch_batches(tmp_path):
     good_shards(tmp_path, [5, 9])
     cfg = tiny_cfg(tmp_path, mode="resampled", workers=2)
-    ld = build_loader(cfg, "train", 4, 1, 2, seed=0, samples_per_epoch=20)
+    ld = build_loader(LoaderSpec(cfg, "train", 4, 1, 2, seed=0, samples_per_epoch=20))
     batches = list(ld)
     assert len(batches) == 5 and ld.position == 20
     assert all(b.batch_size == 2 for b in batches)

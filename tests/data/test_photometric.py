@@ -13,6 +13,7 @@ from torchvision.transforms.v2 import functional as F2
 
 from scale.data.loader import Loader
 from scale.data.photometric import COLUMNS, NEUTRAL_FACTORS, Draw, Photometric, blur_taps, resolve
+from scale.data.spec import LoaderSpec
 from scale.data.views import build_views
 from tests.data.helpers import good_shards, jpeg, tiny_cfg
 from tests.data.test_embedded_views import cfg as views_cfg
@@ -192,7 +193,7 @@ def shards(tmp_path):
 
 def batches(shards, photometric_on: str, steps: int = 3, start: int = 0, **overrides) -> list:
     cfg = tiny_cfg(shards, **{"views.photometric_on": photometric_on, **overrides})
-    loader = Loader(cfg, "train", 4, 0, 1, seed=5)
+    loader = Loader(LoaderSpec(cfg, "train", 4, 0, 1, seed=5))
     loader.load_state_dict({"position": start * 4})
     out = []
     for batch in loader:
@@ -250,7 +251,7 @@ def test_the_step_runs_on_batches_of_both_modes(group, tmp_path, recipe):
         overrides = [f"data.train={tmp_path / 's'}", f"data.views.photometric_on={mode}", "train.global_batch=8"]
         overrides += ["train.knn_monitor_every=0", "data.views.n_local=[2]"] if "dino" in recipe else []
         cfg = load_recipe(recipe, overrides)
-        step = TrainStep(cfg, info, device, lambda cfg=cfg: Loader(cfg.data, "train", 8, 0, 1, seed=0))
+        step = TrainStep(cfg, info, device, lambda cfg=cfg: Loader(LoaderSpec(cfg.data, "train", 8, 0, 1, seed=0)))
         batch, _ = step.next_batch(step.batches())
         assert batch.photometric is None and batch.crops[0].dtype == torch.float32
         losses[mode] = read_record(step(0, batch))["loss"]

@@ -9,6 +9,7 @@ import scale.data.loader as loader_module
 from scale.data.batch import Batch
 from scale.data.factory import build_loader
 from scale.data.prefetch import DevicePrefetcher, prefetch_to_device
+from scale.data.spec import LoaderSpec
 from scale.engine.parallel import ParallelContext
 from scale.loop.train import train_loader
 from tests.data.helpers import good_shards, tiny_cfg
@@ -19,7 +20,7 @@ GLOBAL_BATCH = 4  # 18 samples: 4 steps per epoch
 def loader(tmp_path):
     if not (tmp_path / "_info.json").exists():
         good_shards(tmp_path, [7, 11])
-    return build_loader(tiny_cfg(tmp_path), "train", GLOBAL_BATCH, 0, 1, seed=5)
+    return build_loader(LoaderSpec(tiny_cfg(tmp_path), "train", GLOBAL_BATCH, 0, 1, seed=5))
 
 
 def identity(batch: Batch):

@@ -19,6 +19,7 @@ from scale.data import embedded  # noqa: E402
 from scale.data.bench import bench_dali, bench_views  # noqa: E402
 from scale.data.dali.loader import DaliLoader, sample_key  # noqa: E402
 from scale.data.dali.pipeline import PARAMS, build_pipeline  # noqa: E402
+from scale.data.spec import LoaderSpec  # noqa: E402
 from scale.data.views import decode_rgb, resize_crop  # noqa: E402
 from tests.data.helpers import tiny_cfg  # noqa: E402
 
@@ -48,7 +49,7 @@ def first_batch(photos, device: str, **overrides) -> dict:
     levels (normalisation undone, float [B, 3, S, S]) and the PARAMS."""
     cfg = tiny_cfg(photos, backend="dali", dali_device=device, shuffle_buffer=64, **overrides)
     cfg.views.global_size, cfg.views.local_sizes, cfg.views.n_local = GLOBAL, [LOCAL], [N_LOCAL]
-    loader = DaliLoader(cfg, "train", BATCH, 0, 1, seed=5)
+    loader = DaliLoader(LoaderSpec(cfg, "train", BATCH, 0, 1, seed=5))
     outputs = build_pipeline(loader.spec(seed=11), expose=True).run()
     n_views = sum(loader.views.views_per_group)
     crops, params = outputs[2 : 2 + n_views], outputs[2 + n_views :]

@@ -7,6 +7,7 @@ from gpu_env import require_cuda
 
 from scale.data.factory import build_loader
 from scale.data.prefetch import DevicePrefetcher, prefetch_to_device
+from scale.data.spec import LoaderSpec
 from tests.data.helpers import good_shards, tiny_cfg
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +20,7 @@ def loaders(tmp_path, photometric_on: str):
     good_shards(tmp_path, [7, 11])
     cfg = tiny_cfg(tmp_path, **{"views.photometric_on": photometric_on})
     reference, pinned, other = (
-        build_loader(cfg, "train", 4, 0, 1, seed=5, pin_memory=pin) for pin in (False, True, True)
+        build_loader(LoaderSpec(cfg, "train", 4, 0, 1, seed=5, pin_memory=pin)) for pin in (False, True, True)
     )
     return reference, pinned, next(iter(other))
 

@@ -1,6 +1,6 @@
 """`data.backend: dali`: the multi-crop views made by an NVIDIA DALI pipeline from the same shards (extra `dali`).
 
-- DALI's index files are part of the shard directory: scale/data/shards.py writes them (no DALI needed).
+- index.py: DALI's index files, part of the shard directory (written without DALI, by `scale shards build` too).
 - pipeline.py: the DALI graph (reader sharded by rank, one decode, one chain per view).
 - loader.py: DaliLoader, the loader interface of scale/data/loader.py over that pipeline.
 
@@ -16,10 +16,9 @@ def require_dali():
     return require("dali", "nvidia.dali", "data.backend=dali")
 
 
-def build_dali_loader(*args, **kwargs):
-    """DaliLoader(*args, **kwargs) (the arguments of scale.data.factory.build_loader), after checking that DALI is
-    installed."""
+def build_dali_loader(spec):
+    """DaliLoader(spec) (a scale.data.spec.LoaderSpec), after checking that DALI is installed."""
     require_dali()
     from scale.data.dali.loader import DaliLoader
 
-    return DaliLoader(*args, **kwargs)
+    return DaliLoader(spec)

@@ -25,14 +25,16 @@ stops the run with a UserError (DALI's decoder cannot skip it): check shards wit
 import base64
 import json
 import logging
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from scale.data.batch import Batch
+from scale.data.dali.index import dali_index_paths
 from scale.data.dali.pipeline import PipelineSpec, build_pipeline
 from scale.data.loader import Loader, SampleError, hash_seed, labels_tensor, parse_label
-from scale.data.shards import dali_index_paths
+from scale.data.spec import LoaderSpec
 from scale.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -64,22 +66,13 @@ class DaliLoader(Loader):
     # pipeline's checkpoint, which a batch taken ahead would move: scale.data.prefetch leaves it as it is
     reads_ahead = True
 
-    def __init__(
-        self,
-        data_cfg,
-        split: str,
-        global_batch: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        samples_per_epoch=None,
-        views_cfg=None,
-    ):
-        kind = (views_cfg if views_cfg is not None else data_cfg.views).kind
-        if kind not in VIEW_KINDS:
-            raise UserError(f"data.backend=dali makes the {' and '.join(VIEW_KINDS)} views, not '{kind}'")
-        super().__init__(data_cfg, split, global_batch, rank, world_size, seed, samples_per_epoch, views_cfg)
-        self.device = resolve_device(getattr(data_cfg, "dali_device", "auto"))
+    def __init__(self, spec: LoaderSpec):
+        if spec.views.kind not in VIEW_KINDS:
+            raise UserError(f"data.backend=dali makes the {' and '.join(VIEW_KINDS)} views, not '{spec.views.kind}'")
+        # DALI hands over its own buffers (device tensors on the GPU): nothing to pin, and the views are resolved
+        # as for the CPU
+        super().__init__(replace(spec, pin_memory=False))
+        self.device = resolve_device(getattr(spec.data, "dali_device", "auto"))
         self.label_kind = self.manifest["label_kind"]
         self.pipe = None
         self._checkpoint = None  # this rank's DALI checkpoint to build the pipeline from

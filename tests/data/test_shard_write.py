@@ -1,28 +1,20 @@
-"""Shard writer, manifest, resume, sources and `scale shards build|verify`."""
+"""scale/data/shards/write.py: shards from every source kind, the manifest, the skipped report, resume, and
+`scale shards build` (with `verify` on what it wrote)."""
 
 import csv
 import io
 import json
 import tarfile
 
-import pytest
 from PIL import Image
 
 from scale.cli import main
-from scale.data.shards import build_shards, read_manifest, scan_tar, verify
+from scale.data.shards.layout import scan_tar
+from scale.data.shards.read import read_manifest
+from scale.data.shards.verify import verify
+from scale.data.shards.write import build_shards
 from scale.data.sources import imagefolder, imagenet22k, openimages
-from scale.errors import UserError
-from tests.data.helpers import jpeg
-
-
-def make_imagefolder(root, per_class=3):
-    for c, name in enumerate(["cat", "dog"]):
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            (root / name / f"{i}.jpg").write_bytes(jpeg(10 * c + i, size=(80, 40)))
-    Image.new("RGB", (30, 30), "red").save(root / "dog" / "z.png")
-    (root / "cat" / "broken.jpg").write_bytes(b"not a jpeg at all")
-    return root
+from tests.data.helpers import jpeg, make_imagefolder
 
 
 def test_imagefolder_build_manifest_and_skipped_report(tmp_path):
@@ -59,17 +51,6 @@ def test_max_side_re_encodes_large_images(tmp_path):
         img = Image.open(io.BytesIO(tar.extractfile("000000000.jpg").read()))
         meta = json.loads(tar.extractfile("000000000.json").read())
     assert img.format == "JPEG" and img.size == (40, 20) and (meta["width"], meta["height"]) == (40, 20)
-
-
-def test_verify_reports_corruption(tmp_path):
-    src = make_imagefolder(tmp_path / "src")
-    build_shards(imagefolder(src), tmp_path / "out", shard_size=10, progress=False)
-    path = tmp_path / "out" / "shard-000000.tar"
-    data = bytearray(path.read_bytes())
-    data[700:760] = b"\0" * 60  # inside the first JPEG
-    path.write_bytes(bytes(data))
-    problems = verify(tmp_path / "out")
-    assert any("sha256" in p for p in problems) and any("000000000" in p for p in problems)
 
 
 def test_imagenet22k_synset_tars_and_folders(tmp_path):
@@ -110,71 +91,6 @@ def test_cli_build_and_verify(tmp_path, capsys):
     assert main(["shards", "build", "--source", "nokind:x", "--out", str(tmp_path / "o")]) == 2
     assert main(["shards", "verify", str(tmp_path / "missing")]) == 2
     assert "_info.json" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("damage", ["{not json", '{"members": [["000000000", {"jpg": 5}]]}', "shifted"])
-def test_corrupt_index_is_named_by_verify_and_the_loader(tmp_path, damage):
-    from scale.data.factory import build_loader
-    from tests.data.helpers import tiny_cfg
-
-    src = make_imagefolder(tmp_path / "src")
-    build_shards(imagefolder(src), tmp_path / "out", shard_size=10, progress=False)
-    idx = tmp_path / "out" / "shard-000000.idx"
-    if damage == "shifted":  # valid JSON, wrong offsets: the loader would read other bytes than the tar's
-        record = json.loads(idx.read_text())
-        record["members"][0][1]["jpg"][0] += 512
-        idx.write_text(json.dumps(record))
-    else:
-        idx.write_text(damage)
-    problems = verify(tmp_path / "out", decode=False)
-    assert any(str(idx) in p for p in problems), problems
-    if damage != "shifted":
-        with pytest.raises(UserError, match="shard-000000.idx: corrupt shard index"):
-            list(build_loader(tiny_cfg(tmp_path / "out", error_budget=0.0), "train", 2, 0, 1, seed=0))
-
-
-def test_a_shard_deleted_during_the_run_counts_as_bad_samples_then_stops_naming_it(tmp_path):
-    """Built shards have an .idx, so the loader opens the tar only when it reads a sample."""
-    from scale.data.factory import build_loader
-    from tests.data.helpers import tiny_cfg
-
-    build_shards(imagefolder(make_imagefolder(tmp_path / "src")), tmp_path / "out", shard_size=3, progress=False)
-    loader = build_loader(tiny_cfg(tmp_path / "out", error_budget=0.001), "train", 3, 0, 1, seed=0)
-    (tmp_path / "out" / "shard-000001.tar").unlink()  # after the manifest was checked
-    with pytest.raises(UserError, match=r"shard-000001\.tar key .*shard unreadable: No such file"):
-        list(loader)
-
-
-def _modes() -> dict:
-    """Images of every troublesome mode whose correct RGB value is mid-grey (128) or white (255)."""
-    import numpy as np
-
-    palette = Image.new("P", (8, 8), 0)
-    palette.putpalette([0, 0, 0] * 256)
-    palette.info["transparency"] = 0  # every pixel transparent: white on the white background, not black
-    return {
-        "I;16": (Image.fromarray(np.full((8, 8), 32896, np.uint16), "I;16"), 128),
-        "I": (Image.fromarray(np.full((8, 8), 32896, np.int32), "I"), 128),
-        "F": (Image.fromarray(np.full((8, 8), 0.5, np.float32), "F"), 128),
-        "P+transparency": (palette, 255),
-        "LA": (Image.fromarray(np.zeros((8, 8, 2), np.uint8), "LA"), 255),
-        "RGBA": (Image.fromarray(np.zeros((8, 8, 4), np.uint8), "RGBA"), 255),
-        "CMYK": (Image.new("CMYK", (8, 8), (0, 0, 0, 127)), 128),
-    }
-
-
-@pytest.mark.parametrize("mode", sorted(_modes()))
-def test_image_modes_are_scaled_to_rgb_not_clipped(mode):
-    import numpy as np
-
-    from scale.data.shards import prepare_jpeg
-
-    img, expected = _modes()[mode]
-    buf = io.BytesIO()
-    img.save(buf, "TIFF" if mode in ("F", "I", "CMYK") else "PNG")
-    data, _, _ = prepare_jpeg(buf.getvalue(), None, 95)
-    pixels = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int32)
-    assert np.abs(pixels - expected).max() <= 3, (mode, pixels[0, 0])
 
 
 def test_every_input_file_is_used_or_listed_with_a_reason_and_empty_classes_are_named(tmp_path, capsys):

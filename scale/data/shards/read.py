@@ -1,0 +1,43 @@
+"""Reading a shard directory: its manifest and each shard's member index (what the loaders and the verifier read)."""
+
+import json
+from pathlib import Path
+
+from scale.data.shards.layout import MANIFEST, scan_tar
+from scale.errors import UserError
+
+
+def read_manifest(shard_dir) -> dict:
+    """The manifest of a shard directory; fails naming the path when it or one of its shards is missing."""
+    path = Path(shard_dir) / MANIFEST
+    if not path.is_file():
+        raise UserError(f"shard manifest not found: {path} (build shards with `scale shards build`)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}: not valid JSON: {err}") from None
+    for key in ("label_kind", "classes", "shards"):
+        if key not in manifest:
+            raise UserError(f"{path}: missing key '{key}'")
+    for shard in manifest["shards"]:
+        if not (Path(shard_dir) / shard["name"]).is_file():
+            raise UserError(f"shard listed in {path} not found: {Path(shard_dir) / shard['name']}")
+    return manifest
+
+
+def read_index(shard_dir, shard: dict) -> tuple[list, str | None]:
+    """Member offsets of one shard: from its .idx file, else by scanning the tar (shards made by other tools)."""
+    idx = Path(shard_dir) / shard.get("index", "")
+    if shard.get("index") and idx.is_file():
+        try:
+            members = [(str(key), dict(exts)) for key, exts in json.loads(idx.read_text())["members"]]
+            for _key, exts in members:
+                if not all(isinstance(span, list) and len(span) == 2 for span in exts.values()):
+                    raise ValueError("a member's offsets are not [offset, size]")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            raise UserError(
+                f"{idx}: corrupt shard index ({type(err).__name__}: {err}); delete it and rebuild the shards "
+                f"with `scale shards build`"
+            ) from None
+        return members, None
+    return scan_tar(Path(shard_dir) / shard["name"])

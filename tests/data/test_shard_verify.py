@@ -1,0 +1,43 @@
+"""scale/data/shards/verify.py: `scale shards verify` finds damaged tars and member indexes (the loader names a
+corrupt index too)."""
+
+import json
+
+import pytest
+
+from scale.data.factory import build_loader
+from scale.data.shards.verify import verify
+from scale.data.shards.write import build_shards
+from scale.data.sources import imagefolder
+from scale.data.spec import LoaderSpec
+from scale.errors import UserError
+from tests.data.helpers import make_imagefolder, tiny_cfg
+
+
+def test_verify_reports_corruption(tmp_path):
+    src = make_imagefolder(tmp_path / "src")
+    build_shards(imagefolder(src), tmp_path / "out", shard_size=10, progress=False)
+    path = tmp_path / "out" / "shard-000000.tar"
+    data = bytearray(path.read_bytes())
+    data[700:760] = b"\0" * 60  # inside the first JPEG
+    path.write_bytes(bytes(data))
+    problems = verify(tmp_path / "out")
+    assert any("sha256" in p for p in problems) and any("000000000" in p for p in problems)
+
+
+@pytest.mark.parametrize("damage", ["{not json", '{"members": [["000000000", {"jpg": 5}]]}', "shifted"])
+def test_corrupt_index_is_named_by_verify_and_the_loader(tmp_path, damage):
+    src = make_imagefolder(tmp_path / "src")
+    build_shards(imagefolder(src), tmp_path / "out", shard_size=10, progress=False)
+    idx = tmp_path / "out" / "shard-000000.idx"
+    if damage == "shifted":  # valid JSON, wrong offsets: the loader would read other bytes than the tar's
+        record = json.loads(idx.read_text())
+        record["members"][0][1]["jpg"][0] += 512
+        idx.write_text(json.dumps(record))
+    else:
+        idx.write_text(damage)
+    problems = verify(tmp_path / "out", decode=False)
+    assert any(str(idx) in p for p in problems), problems
+    if damage != "shifted":
+        with pytest.raises(UserError, match="shard-000000.idx: corrupt shard index"):
+            list(build_loader(LoaderSpec(tiny_cfg(tmp_path / "out", error_budget=0.0), "train", 2, 0, 1, seed=0)))
