@@ -1,4 +1,5 @@
-"""The `scale` command. Each sub-command lives in scale/commands/<name>.py and is found here by its module name."""
+"""The `scale` command. Each sub-command lives in scale/commands/<name>.py and is found here by its module name
+(a module whose name starts with `_` serves one: _finetune.py is the body of `scale eval finetune`)."""
 
 import argparse
 import faulthandler
@@ -22,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(scale.commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
         importlib.import_module(f"scale.commands.{info.name}").register(sub)
     return parser
 

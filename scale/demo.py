@@ -19,10 +19,10 @@ from scale.data.embedded import build
 from scale.engine.dist import detect
 from scale.errors import PREEMPTED_EXIT_CODE, UserError
 from scale.eval import knn
-from scale.eval.session import open_session, write_json
+from scale.eval.session import open_session
 from scale.launch.local import fresh_environment
+from scale.loop.rundir import read_metrics, write_json
 from scale.report import write_report
-from scale.rundir import read_metrics
 from scale.trackers import attach_artifacts, check_trackers
 
 log = logging.getLogger(__name__)
@@ -159,8 +159,8 @@ def attention_pictures(recipe: str, overrides: list[str], weights: str, out: Pat
     without global attention (Swin) get none."""
     from PIL import Image
 
+    from scale.checkpoint.weights import load_backbone
     from scale.data.embedded import source
-    from scale.eval.weights import load_backbone
     from scale.models.vit import ViT
     from scale.viz.figures import attention_picture
     from scale.viz.images import patch_size, to_input

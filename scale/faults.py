@@ -7,7 +7,7 @@ Points:
 - `preempt`: SIGUSR1 right after step STEP, as Slurm's preemption notice would send it (the demo interrupts itself
   this way at a known step: a signal sent from outside can arrive after a short run has already finished);
 - `disk_full`: the run directory's file system reports no free space when the checkpoint of STEP is about to be
-  written (STEP 0: at start-up), as a full disk would (scale/diskspace.py).
+  written (STEP 0: at start-up), as a full disk would (scale/loop/diskspace.py).
 Unset in normal runs: each check is one dict lookup.
 """
 

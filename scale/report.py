@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from scale.errors import UserError  # noqa: E402
-from scale.rundir import RunDir, read_metrics  # noqa: E402
+from scale.loop.rundir import RunDir, read_metrics  # noqa: E402
 
 PLOTS = {  # file stem -> (metric, y label, title)
     "loss": ("loss", "training loss", "Training loss"),

@@ -5,5 +5,6 @@
   one table;
 - `tables`: DINO Table 8, EsViT Table 9 and MoCo v3 Table 3 on the machine at hand;
 - `trace`: what one step of a recipe computes and keeps, counted on fake tensors (no memory, no compute);
+- `memory_report`: per-rank state bytes of each engine after one step (`python -m scale.bench.memory_report`);
 - `flops`: FLOPs per step and the device's peak FLOP/s (MFU); `plan`: per-GPU memory and step time of each engine.
 """

@@ -1,4 +1,4 @@
-"""Benchmark real training steps of a recipe: the training loop's own step (`scale.step.TrainStep`, built as
+"""Benchmark real training steps of a recipe: the training loop's own step (`scale.loop.step.TrainStep`, built as
 training builds it: method, engine, schedules, guard), on the recipe's shards or on synthetic batches.
 
 Measured, per rank, then combined over ranks (the slowest rank's time, the largest memory):
@@ -30,12 +30,12 @@ from torch._dynamo.utils import calculate_time_spent
 
 from scale.bench.flops import device_peak, step_flops
 from scale.bench.memory import MemoryTrace
-from scale.bench.synthetic import SyntheticLoader, crop_layout
 from scale.bench.trace import trace_step
+from scale.data.synthetic import SyntheticLoader, crop_layout
 from scale.engine.dist import DistInfo
 from scale.engine.parallel import ParallelContext, parallel_context
-from scale.step import TrainStep, no_phase, read_record
-from scale.train import train_loader
+from scale.loop.step import TrainStep, no_phase, read_record
+from scale.loop.train import train_loader
 
 # schedules (lr, weight decay, teacher momentum) are arrays over every step of the run: with a benchmark's small
 # batches an ImageNet run has 10^8 steps and its arrays would take gigabytes. Their values do not change what a

@@ -18,9 +18,9 @@ from omegaconf import OmegaConf
 
 from scale.bench.flops import step_flops
 from scale.bench.run import bench_config
-from scale.bench.synthetic import IMAGENET_TRAIN
 from scale.bench.trace import trace_step
 from scale.config import load_recipe
+from scale.data.synthetic import IMAGENET_TRAIN
 from scale.errors import UserError
 from scale.models.config import ModelConfig
 from scale.models.flops import count_macs
@@ -229,12 +229,6 @@ def mocov3_3(args, measure) -> tuple[list[dict], str]:
 
 
 TABLES = {"dino8": dino8, "esvit9": esvit9, "mocov3-3": mocov3_3}
-
-
-def main(argv: list[str]) -> int:
-    from scale.commands.bench import table_parser
-
-    return run(table_parser().parse_intermixed_args(argv))
 
 
 def run(args) -> int:

@@ -1,7 +1,7 @@
 """What one training step of a recipe computes and keeps, counted on fake tensors: no memory, no compute, so
 ViT-L/7 or ViT-H cost nothing.
 
-The training step itself (scale.step.TrainStep: the method's own `loss`, backward, the guard) runs for real on a tiny
+The training step itself (scale.loop.step.TrainStep: the method's own `loss`, backward, the guard) runs for real on a tiny
 batch (2 images of the recipe's crop layout), with an engine (`TracingEngine`) that replaces the student and teacher
 by stand-ins: each call runs the real net on fake CPU tensors (FakeTensorMode, the kernels
 training would pick, e.g. the CPU fused attention) and returns random real tensors of the net's output shapes, so
@@ -23,7 +23,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import FlopCounterMode
 
-from scale.bench.synthetic import SyntheticLoader
+from scale.data.synthetic import SyntheticLoader
 from scale.engine.activation import part_blocks
 from scale.engine.base import Engine
 from scale.engine.parallel import ParallelContext
@@ -255,10 +255,10 @@ class TracingEngine(Engine):
 
 def trace_step(cfg, images: int = TRACE_IMAGES, info: ParallelContext | None = None) -> StepTrace:
     """Trace one step of recipe `cfg` with `images` images per rank, at the epoch where any region loss has started,
-    run by the training step itself (scale.step.TrainStep) with a `TracingEngine`. With `info` (the run's parallel
+    run by the training step itself (scale.loop.step.TrainStep) with a `TracingEngine`. With `info` (the run's parallel
     context) it is collective over the data-parallel group: every rank must call it (the loss may all-reduce, e.g.
     DINO's center)."""
-    from scale.step import TrainStep
+    from scale.loop.step import TrainStep
 
     info = info or ParallelContext(0, 1, 0, "127.0.0.1", 0, "single")
     epoch = int(cfg.method.dino.region_from_epoch)

@@ -25,11 +25,10 @@ from scale.checkpoint import rng, rollback
 from scale.checkpoint.fit import check_fits
 from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
 from scale.checkpoint.steering import Steering, pending, record
-from scale.checkpoint.store import CheckpointStore, step_name, step_of
+from scale.checkpoint.store import CheckpointStore, epochs_done, step_name, step_of
 from scale.engine.parallel import ParallelContext
 from scale.errors import UserError
 from scale.faults import maybe_inject
-from scale.rundir import epochs_done
 
 log = logging.getLogger(__name__)
 MONITORS_FILE = "monitors.pt"

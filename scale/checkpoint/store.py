@@ -187,3 +187,10 @@ def resolve(path: str | Path) -> Path:
 
         raise UserError(f"no complete checkpoint under {path}")
     return found[0]
+
+
+def epochs_done(steps_done: int, steps_per_epoch: int) -> float:
+    """The epoch of a run that has taken `steps_done` steps: epochs completed, fractional (1.5: half-way through
+    the second). The one definition that metrics.jsonl (`scale status`) and a checkpoint's meta (`scale ckpt info`)
+    record; they disagreed (the epoch index of the last step vs steps done // steps per epoch)."""
+    return round(steps_done / max(steps_per_epoch, 1), 4)

@@ -96,9 +96,9 @@ def argv_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[s
 def cmd_eval(args) -> int:
     from scale.engine.dist import init_distributed, shutdown
     from scale.errors import UserError
-    from scale.eval.session import build_config, open_session, write_json
+    from scale.eval.session import build_config, open_session
     from scale.launch.local import already_launched, spawn
-    from scale.rundir import setup_logging
+    from scale.loop.rundir import setup_logging, write_json
 
     cfg = build_config(args.recipe, args.overrides, args.model)  # validate before spawning anything
     if args.eval_kind == "knn" and not (args.weights or args.random_init or args.load_features):
@@ -123,8 +123,8 @@ def cmd_eval(args) -> int:
 
 
 def _finetune(args, cfg) -> int:
-    from scale.eval import finetune
-    from scale.eval.session import write_json
+    from scale.commands import _finetune as finetune
+    from scale.loop.rundir import write_json
 
     overrides = list(args.overrides) + ([f"model.name={args.model}"] if args.model else [])
     result = finetune.run(cfg, args.recipe, overrides, args.weights, args.run_dir, args.nproc)
@@ -292,8 +292,9 @@ def _register_protocols(esub) -> None:
 def cmd_protocol(args) -> int:
     import torch
 
-    from scale.eval.session import build_config, write_json
-    from scale.eval.weights import load_backbone
+    from scale.checkpoint.weights import load_backbone
+    from scale.eval.session import build_config
+    from scale.loop.rundir import write_json
 
     cfg = build_config(args.recipe, args.overrides, args.model)
     run = _protocol_runner(args)  # reads the data set layout before the backbone is built
@@ -319,7 +320,7 @@ def result_path(out: str | None, run_dir: str | None, cfg, stem: str):
     the paper's numbers next to the result; else eval/<stem>.json."""
     from pathlib import Path
 
-    from scale.rundir import RunDir
+    from scale.loop.rundir import RunDir
 
     if out:
         return Path(out)

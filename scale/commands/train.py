@@ -28,8 +28,8 @@ def cmd_train(args) -> int:
 
     if args.nproc > 1 and not already_launched():  # this process will launch the ranks
         catch_early_signals()
-    from scale.preemption import launcher_status
-    from scale.train import main
+    from scale.loop.preemption import launcher_status
+    from scale.loop.train import main
 
     return launcher_status(
         main(args.recipe, args.overrides, run_dir=args.run_dir, nproc=args.nproc, synthetic=args.synthetic_data)

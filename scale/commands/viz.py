@@ -57,9 +57,9 @@ def load_backbones(args) -> tuple[object, dict]:
     """The recipe and label -> frozen backbone for every --weights (and --random-init)."""
     import torch
 
+    from scale.checkpoint.weights import load_backbone
     from scale.errors import UserError
     from scale.eval.session import build_config
-    from scale.eval.weights import load_backbone
 
     cfg = build_config(args.recipe, args.overrides, args.model)
     sources = {}
@@ -85,7 +85,7 @@ def cmd_attention(args) -> int:
     from scale.commands.eval import result_path
     from scale.errors import UserError
     from scale.eval import voc
-    from scale.eval.session import write_json
+    from scale.loop.rundir import write_json
     from scale.viz.attention import check_keep, check_vit
     from scale.viz.figures import attention_picture
     from scale.viz.images import patch_size, read_rgb, to_input
@@ -127,7 +127,7 @@ def cmd_attention(args) -> int:
 
 
 def cmd_correspondence(args) -> int:
-    from scale.viz.correspondence import correspondence_picture
+    from scale.eval.correspondence_picture import correspondence_picture
     from scale.viz.images import patch_size, read_rgb, to_input
 
     cfg, backbones = load_backbones(args)

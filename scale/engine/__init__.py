@@ -1,5 +1,6 @@
 """Engines: how a method's modules are wrapped (DDP, FSDP2, DeepSpeed ZeRO), run in mixed precision, stepped and
-checkpointed. Entry point: `scale.engine.factory.build_engine` (also importable as `scale.engine.build_engine`)."""
+checkpointed. Entry point: `scale.engine.factory.build_engine` (also importable as `scale.engine.build_engine`).
+Never imports the training loop (scale/loop/) or the benchmarks (scale/bench/)."""
 
 
 def __getattr__(name):

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from scale.data.batch import Batch
 from scale.errors import UserError
+from scale.watch.knn import gather_rows
 
 FORMAT = "scale-features-1"
 FeatureFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
@@ -46,26 +47,6 @@ def world() -> tuple[int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def gather_rows(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Concatenate along dim 0 the tensors of all ranks of `group` (in rank order; None: every rank, as the eval
-    commands run); ranks may hold different row counts."""
-    if not dist.is_initialized():
-        return tensor
-    group = group or dist.group.WORLD
-    size = dist.get_world_size(group)
-    if size == 1:
-        return tensor
-    counts = torch.tensor([tensor.shape[0]], device=tensor.device)
-    all_counts = [torch.zeros_like(counts) for _ in range(size)]
-    dist.all_gather(all_counts, counts, group=group)
-    longest = int(max(c.item() for c in all_counts))
-    padded = tensor.new_zeros((longest, *tensor.shape[1:]))
-    padded[: tensor.shape[0]] = tensor
-    parts = [torch.empty_like(padded) for _ in range(size)]
-    dist.all_gather(parts, padded.contiguous(), group=group)
-    return torch.cat([p[: int(c.item())] for p, c in zip(parts, all_counts)])
 
 
 class Features:

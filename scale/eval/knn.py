@@ -9,33 +9,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from scale.data.evaluation import dataset_info
 from scale.errors import UserError
 from scale.eval import features as feats
-from scale.eval.data import dataset_info
-
-
-def nearest(
-    queries: torch.Tensor, bank: torch.Tensor, k: int, bank_chunk: int = 65536
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k cosine similarities and bank indices of each query ([Q, k] each, best first); inputs are normalised."""
-    k = min(k, bank.shape[0])
-    best_sim = best_idx = None
-    for start in range(0, bank.shape[0], bank_chunk):
-        block = bank[start : start + bank_chunk].to(queries.device, queries.dtype, non_blocking=True)
-        sim, idx = (queries @ block.T).topk(min(k, block.shape[0]), dim=1)
-        idx += start
-        if best_sim is not None:
-            sim, idx = torch.cat([best_sim, sim], 1), torch.cat([best_idx, idx], 1)
-            sim, order = sim.topk(min(k, sim.shape[1]), dim=1)
-            idx = idx.gather(1, order)
-        best_sim, best_idx = sim, idx
-    return best_sim, best_idx
-
-
-def vote(sim: torch.Tensor, neighbour_labels: torch.Tensor, num_classes: int, temperature: float) -> torch.Tensor:
-    """Class scores [Q, C]: the sum over neighbours of one-hot(label) * exp(sim / T)."""
-    scores = torch.zeros(sim.shape[0], num_classes, device=sim.device, dtype=sim.dtype)
-    return scores.scatter_add_(1, neighbour_labels, (sim / temperature).exp())
+from scale.watch.knn import nearest, vote
 
 
 def check_labels(labels: torch.Tensor, what: str) -> None:

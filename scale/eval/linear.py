@@ -21,10 +21,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from scale.data.batch import Batch
+from scale.data.evaluation import dataset_info, eval_views_cfg
 from scale.data.factory import build_loader
 from scale.data.spec import LoaderSpec
 from scale.errors import UserError
-from scale.eval.data import dataset_info, eval_views_cfg
 from scale.eval.features import FeatureFn, last_blocks, pooled, world
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scale.data.evaluation import dataset_info
 from scale.errors import UserError
-from scale.eval.data import dataset_info
 from scale.eval.linear import in_val_split
 from scale.extras import require
 

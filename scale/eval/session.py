@@ -1,19 +1,17 @@
 """What every `scale eval` run shares: the recipe, the process group, the backbone, the data passes and the output."""
 
-import json
 import logging
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from scale.checkpoint.weights import load_backbone
 from scale.config import load_recipe
+from scale.data.evaluation import eval_batches, eval_views_cfg
 from scale.engine.dist import DistInfo
 from scale.eval import features as feats
-from scale.eval.data import eval_batches, eval_views_cfg
-from scale.eval.weights import load_backbone
 
 log = logging.getLogger(__name__)
 
@@ -68,20 +66,3 @@ def build_config(recipe: str, overrides: list[str], model: str | None) -> DictCo
 
 def open_session(cfg: DictConfig, info: DistInfo, device: torch.device, weights: str | None) -> Session:
     return Session(cfg, info, device, weights)
-
-
-def write_json(path: str | Path, result: dict) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=_json_default) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def _json_default(value):
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if OmegaConf.is_config(value):
-        return OmegaConf.to_container(value, resolve=True)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

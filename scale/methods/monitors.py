@@ -1,6 +1,6 @@
 """Training-health monitor the loop can call after backward: per-layer gradient norms with a spike detector
 (MoCo v3 Fig. 4: instability shows first as sudden spikes of the first layer's gradient norm). Non-finite losses
-are caught by the loop itself (scale/train.py, all-reduced over ranks before any update)."""
+are caught by the loop itself (scale/loop/train.py, all-reduced over ranks before any update)."""
 
 from collections import deque
 

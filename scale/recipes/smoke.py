@@ -133,7 +133,7 @@ def smoke_run(
     """Shrink `recipe`, write the shrunk recipe to work_dir/<name>.yaml and train it on RANKS local gloo processes
     in work_dir/<name>/, with `overrides` (dotted key=value) on top; returns the exit status of `scale train`."""
     from scale.config import load_recipe, to_yaml
-    from scale.train import main
+    from scale.loop.train import main
 
     data = Path(data_dir) if data_dir is not None else ensure_smoke_data()
     cfg = smoke_overrides(load_recipe(recipe), data)

@@ -1,1 +1,2 @@
-"""Watching a run while it trains: the collapse alarm, the online linear probe and the heartbeat file."""
+"""Watching a run while it trains: the collapse alarm, the online linear probe, the heartbeat file
+and the k-NN math of the k-NN monitor (knn.py)."""

@@ -9,16 +9,16 @@ from scale.bench.activation import table as activation_table
 from scale.bench.flops import mfu, step_flops, table_peak
 from scale.bench.matrix import crop_overrides, format_table, load_setting, parse_matrix, setting_overrides, split_axes
 from scale.bench.memory import union_seconds
-from scale.bench.synthetic import SyntheticLoader, crop_layout, random_batch
 from scale.bench.tables import IMAGENET_TRAIN, hours, scaled
 from scale.bench.trace import trace_step
 from scale.commands.bench import _train_parser
 from scale.config import load_recipe
+from scale.data.synthetic import SyntheticLoader, crop_layout, random_batch
 from scale.errors import UserError
+from scale.loop.step import TrainStep
 from scale.models.config import ModelConfig
 from scale.models.flops import count_macs
 from scale.models.registry import build_backbone
-from scale.step import TrainStep
 
 TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))
 

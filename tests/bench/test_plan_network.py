@@ -75,7 +75,7 @@ def counted_step(overrides: dict) -> list:
     """One warm-up step, then one counted step; every rank's (intra, inter) bytes."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from scale.bench.synthetic import random_batch
+    from scale.data.synthetic import random_batch
     from scale.engine import build_engine
     from scale.engine.dist import detect
     from scale.engine.parallel import parallel_context

@@ -1,4 +1,4 @@
-"""`scale status` and `scale ckpt info` read the epoch from one place: scale.rundir.epochs_done, which
+"""`scale status` and `scale ckpt info` read the epoch from one place: scale.checkpoint.store.epochs_done, which
 metrics.jsonl and a checkpoint's meta both record (they disagreed: the last step's epoch index vs steps done //
 steps per epoch)."""
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from scale.checkpoint.export import info
+from scale.checkpoint.store import epochs_done
 from scale.launch.status import run_status
-from scale.rundir import epochs_done
 
 
 def test_epochs_done():

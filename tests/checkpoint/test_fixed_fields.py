@@ -11,8 +11,8 @@ from scale.config.fields import FIXED
 from scale.config.schema import Recipe
 from scale.config.validate import get_key, schema_rules
 from scale.errors import UserError
+from scale.loop.resume import keys_with
 from scale.methods import build_method
-from scale.resume import keys_with
 
 # one config per family of checkpointed shapes: methods (and MoCo's frameworks) x backbones
 CONFIGS = {

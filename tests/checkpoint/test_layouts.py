@@ -13,9 +13,9 @@ from safetensors.torch import save_file
 
 from scale.checkpoint.init import load_init_weights, plan
 from scale.checkpoint.layouts import read_source
+from scale.checkpoint.weights import read_state_dict
 from scale.config import load_recipe
 from scale.errors import UserError
-from scale.eval.weights import read_state_dict
 from scale.methods import build_method
 
 

@@ -11,8 +11,8 @@ import torch
 
 from scale.checkpoint.export import export
 from scale.config import load_recipe
+from scale.loop.rundir import RunDir
 from scale.models import build_backbone
-from scale.rundir import RunDir
 from tests.checkpoint.test_steering import toy
 
 REPO = Path(__file__).resolve().parents[2]

@@ -242,7 +242,7 @@ def test_a_resumed_loader_ships_the_same_crops_and_parameters(shards):
 @pytest.mark.parametrize("recipe", ["demo/dino_tiny", "demo/mocov3_tiny"])
 def test_the_step_runs_on_batches_of_both_modes(group, tmp_path, recipe):
     from scale.config import load_recipe
-    from scale.step import TrainStep, read_record
+    from scale.loop.step import TrainStep, read_record
 
     info, device = group
     good_shards(tmp_path / "s", [16])

@@ -11,7 +11,7 @@ from scale.data.factory import build_loader
 from scale.data.prefetch import DevicePrefetcher, prefetch_to_device
 from scale.data.spec import LoaderSpec
 from scale.engine.parallel import ParallelContext
-from scale.train import train_loader
+from scale.loop.train import train_loader
 from tests.data.helpers import good_shards, tiny_cfg
 
 GLOBAL_BATCH = 4  # 18 samples: 4 steps per epoch

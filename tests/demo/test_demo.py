@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scale.demo import run_demo
-from scale.rundir import read_metrics
+from scale.loop.rundir import read_metrics
 from tests.trackers.readback import mlflow_runs
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out

@@ -1,7 +1,7 @@
-"""The memory report runs the training step itself (scale.step.TrainStep) in the recipe's own crop layout."""
+"""The memory report runs the training step itself (scale.loop.step.TrainStep) in the recipe's own crop layout."""
 
+from scale.bench.memory_report import measure
 from scale.config import load_recipe
-from scale.engine.memory_report import measure
 
 
 def test_memory_report_of_a_recipe_without_local_crops(group):

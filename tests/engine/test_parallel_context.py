@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from scale.engine.dist import DistInfo
 from scale.engine.parallel import ParallelContext, parallel_context, resolve_shard_size
 from scale.errors import UserError
-from scale.train import train_loader
+from scale.loop.train import train_loader
 from tests.data.helpers import good_shards, tiny_cfg
 
 CPU = torch.device("cpu")

@@ -8,15 +8,15 @@ import math
 import pytest
 import torch
 
-from scale.bench.synthetic import SyntheticLoader
 from scale.checkpoint.export import read_tensors
 from scale.checkpoint.store import CheckpointStore
 from scale.config import load_recipe
+from scale.data.synthetic import SyntheticLoader
 from scale.engine.parallel import init_parallel
 from scale.errors import NonFiniteLoss
-from scale.rundir import RunDir
-from scale.step import TrainStep
-from scale.train import Trainer
+from scale.loop.rundir import RunDir
+from scale.loop.step import TrainStep
+from scale.loop.train import Trainer
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 

@@ -10,9 +10,9 @@ import torch
 from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scale.bench.synthetic import SyntheticLoader
 from scale.config import load_recipe
-from scale.step import TrainStep, read_record
+from scale.data.synthetic import SyntheticLoader
+from scale.loop.step import TrainStep, read_record
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 

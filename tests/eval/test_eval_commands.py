@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from scale.cli import main as cli
 from scale.config import load_recipe
-from scale.eval.data import ShardSamples, eval_views_cfg
+from scale.data.evaluation import ShardSamples, eval_views_cfg
 from scale.eval.features import load as load_features
 from scale.eval.knn import knn_eval
 from scale.eval.linear import in_val_split

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from scale.eval.linear import LinearHeads, run_probe
-from scale.eval.monitor import KnnMonitor
+from scale.loop.knn_monitor import KnnMonitor
 from tests.engine.engine_toy import spawn
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out

@@ -13,8 +13,8 @@ from scale.checkpoint.export import export
 from scale.cli import main as cli
 from scale.config import load_recipe
 from scale.data.batch import Batch
-from scale.eval.classify import accuracy
-from scale.eval.data import ShardSamples, eval_views_cfg, lockstep_batches
+from scale.data.evaluation import ShardSamples, eval_views_cfg, lockstep_batches
+from scale.loop.validation import accuracy
 from scale.methods import build_method
 from tests.helpers_run import clean_env
 
@@ -114,7 +114,7 @@ def test_finetune_is_a_training_run_whose_val_top1_is_the_exported_models(data, 
 def test_validation_leaves_the_training_rng_untouched(data, tmp_path):
     from scale.engine.dist import detect
     from scale.engine.parallel import parallel_context
-    from scale.eval.classify import Validation
+    from scale.loop.validation import Validation
 
     _, recipe = data
     cfg = load_recipe(recipe)
@@ -136,7 +136,7 @@ def test_finetune_needs_a_recipe_with_a_class_head(capsys):
 def test_missing_val_shards_fail_before_any_rank_starts(data, tmp_path):
     """A config error raised before the process group exists (printed once, on rank 0), not on every rank."""
     from scale.errors import ConfigError
-    from scale.train import main
+    from scale.loop.train import main
 
     _, recipe = data
     overrides = [f"data.val={tmp_path}/nowhere", "engine.kind=ddp"]

@@ -7,11 +7,11 @@ import pytest
 import torch
 from PIL import Image
 
+from scale.checkpoint.weights import load_backbone
 from scale.cli import main as cli
 from scale.config import load_recipe
 from scale.errors import UserError
 from scale.eval import voc
-from scale.eval.weights import load_backbone
 from scale.models import build_backbone
 from scale.viz import attention as attn
 

@@ -6,8 +6,8 @@ from scale.cli import main
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.errors import ConfigError, UserError
-from scale.resume import check_resumable
-from scale.rundir import RunDir
+from scale.loop.resume import check_resumable
+from scale.loop.rundir import RunDir
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from scale.errors import PREEMPTED_EXIT_CODE, ConfigError
-from scale.runlock import RunLock
+from scale.loop.runlock import RunLock
 from tests.helpers_run import TINY, clean_env, run_train
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
@@ -131,7 +131,7 @@ def test_one_live_run_per_run_directory_and_a_killed_owner_is_taken_over(embedde
             return False
         return True
 
-    with caplog.at_level(logging.WARNING, logger="scale.runlock"):
+    with caplog.at_level(logging.WARNING, logger="scale.loop.runlock"):
         wait_for(take_over, "the lock to be free")
     assert lock.fd is not None and f"pid {os.getpid()}" in (run_dir / ".lock").read_text()
     lock.release()

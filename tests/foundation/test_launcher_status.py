@@ -4,7 +4,7 @@ asks for one (the sbatch template, whose srun ends every task once one exits non
 import pytest
 
 from scale.errors import PREEMPTED_EXIT_CODE
-from scale.preemption import PREEMPTED_MARKER_ENV, launcher_status
+from scale.loop.preemption import PREEMPTED_MARKER_ENV, launcher_status
 
 
 def test_without_a_marker_the_status_is_unchanged(monkeypatch):

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-import scale.train
+import scale.loop.train
 from scale.checkpoint.store import CheckpointStore
-from scale.train import main
+from scale.loop.train import main
 
 TINY = [
     "train.global_batch=4",
@@ -26,7 +26,7 @@ TINY = [
 def calls(monkeypatch) -> Counter:
     """Calls of check_resumable and CheckpointStore.candidates, by the module that made them."""
     counted: Counter = Counter()
-    check, candidates = scale.train.check_resumable, CheckpointStore.candidates
+    check, candidates = scale.loop.train.check_resumable, CheckpointStore.candidates
 
     def counting_check(run, cfg):
         counted["check_resumable"] += 1
@@ -38,7 +38,7 @@ def calls(monkeypatch) -> Counter:
         counted[f"candidates from {sys._getframe(1).f_globals['__name__']}"] += 1
         return candidates(store)
 
-    monkeypatch.setattr(scale.train, "check_resumable", counting_check)
+    monkeypatch.setattr(scale.loop.train, "check_resumable", counting_check)
     monkeypatch.setattr(CheckpointStore, "candidates", counting_candidates)
     return counted
 

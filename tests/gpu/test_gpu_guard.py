@@ -14,11 +14,11 @@ from gpu_env import DEVICE
 from test_step_guard import TINY, nan_at, state
 from test_step_sync import SyncCounter
 
-from scale.bench.synthetic import SyntheticLoader
 from scale.config import load_recipe
+from scale.data.synthetic import SyntheticLoader
 from scale.engine.dist import shutdown
 from scale.engine.parallel import init_parallel
-from scale.step import TrainStep
+from scale.loop.step import TrainStep
 
 pytestmark = pytest.mark.gpu
 

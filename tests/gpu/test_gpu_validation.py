@@ -1,4 +1,4 @@
-"""In-training validation on CUDA (scale/eval/classify.py's Validation, run by scale/train.py's loop): a supervised
+"""In-training validation on CUDA (scale/loop/validation.py's Validation, run by scale/loop/train.py's loop): a supervised
 run (tiny ViT on the embedded digits, FSDP2, one process) validates on data.val every epoch and after its last
 step on the device, records val_top1/val_top5 in metrics.jsonl and eval/val.json, and its last top-1 is the exported
 student's, evaluated directly in fp32 on the CPU, to within 2 images of the val set (a logit near-tie may rank
@@ -13,12 +13,12 @@ from safetensors.torch import load_file
 
 from scale.checkpoint.export import export
 from scale.config import load_recipe
+from scale.data.evaluation import ShardSamples, eval_views_cfg
 from scale.engine.dist import shutdown
 from scale.engine.parallel import init_parallel
-from scale.eval.data import ShardSamples, eval_views_cfg
+from scale.loop.rundir import RunDir
+from scale.loop.train import Trainer
 from scale.methods import build_method
-from scale.rundir import RunDir
-from scale.train import Trainer
 from tests.eval.test_validation import RECIPE
 
 pytestmark = pytest.mark.gpu

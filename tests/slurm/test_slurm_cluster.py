@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 FAKE_TRAIN = """#!{python}
 import json, os, signal, sys, time
 from pathlib import Path
-from scale.preemption import launcher_status
+from scale.loop.preemption import launcher_status
 run_dir = Path(sys.argv[sys.argv.index("--run-dir") + 1])
 rank, restart = os.environ["SLURM_PROCID"], os.environ.get("SLURM_RESTART_COUNT", "0")
 with open(run_dir / "starts", "a") as f:

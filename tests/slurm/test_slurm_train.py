@@ -14,7 +14,7 @@ from scale.cli import main as cli
 from scale.launch import slurm
 
 try:
-    import scale.train  # noqa: F401
+    import scale.loop.train  # noqa: F401
 except ImportError:
     pytest.skip("needs scale train", allow_module_level=True)
 

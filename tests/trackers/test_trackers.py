@@ -13,7 +13,7 @@ from scale import faults
 from scale.cli import main as cli
 from scale.config import load_recipe
 from scale.errors import PREEMPTED_EXIT_CODE, ConfigError
-from scale.rundir import RunDir
+from scale.loop.rundir import RunDir
 from scale.trackers import Trackers, attach_artifacts, check_trackers
 from tests.helpers_run import TINY, run_train
 from tests.trackers.readback import mlflow_runs, wandb_attempts

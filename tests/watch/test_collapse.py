@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from scale.config import load_recipe
-from scale.rundir import RunDir
-from scale.train import Trainer
+from scale.loop.rundir import RunDir
+from scale.loop.train import Trainer
 from scale.watch.collapse import RepresentationCollapse, regime
 
 pytestmark = pytest.mark.slow  # a process group and a training run

@@ -100,15 +100,25 @@ def setup_logging(run_dir: RunDir | None, rank: int, level: int = logging.INFO) 
         root.addHandler(handler)
 
 
-def epochs_done(steps_done: int, steps_per_epoch: int) -> float:
-    """The epoch of a run that has taken `steps_done` steps: epochs completed, fractional (1.5: half-way through
-    the second). The one definition that metrics.jsonl (`scale status`) and a checkpoint's meta (`scale ckpt info`)
-    record; they disagreed (the epoch index of the last step vs steps done // steps per epoch)."""
-    return round(steps_done / max(steps_per_epoch, 1), 4)
-
-
 def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_json(path: str | Path, result: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=_json_default) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _json_default(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

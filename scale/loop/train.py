@@ -11,25 +11,26 @@ from omegaconf import DictConfig
 
 from scale.checkpoint import Checkpointer, CheckpointStore
 from scale.checkpoint.init import check_init_weights
+from scale.checkpoint.store import epochs_done
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.factory import build_loader
 from scale.data.spec import LoaderSpec
-from scale.diskspace import check_before_save, check_start
 from scale.engine.dist import detect, shutdown
 from scale.engine.parallel import ParallelContext, init_parallel
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
-from scale.eval.classify import Validation, check_val_data
 from scale.faults import maybe_inject
 from scale.launch.local import LAUNCH_MARK, already_launched, spawn
+from scale.loop.diskspace import check_before_save, check_start
+from scale.loop.preemption import Preemption
+from scale.loop.progress import progress_bar
+from scale.loop.resume import check_resumable
+from scale.loop.rundir import RunDir, setup_logging
+from scale.loop.runlock import RunLock
+from scale.loop.runlock import hold as hold_run_lock
+from scale.loop.step import NonFiniteStep, TrainStep, read_record
+from scale.loop.validation import Validation, check_val_data
 from scale.methods import has_class_head
-from scale.preemption import Preemption
-from scale.progress import progress_bar
-from scale.resume import check_resumable
-from scale.rundir import RunDir, epochs_done, setup_logging
-from scale.runlock import RunLock
-from scale.runlock import hold as hold_run_lock
-from scale.step import NonFiniteStep, TrainStep, read_record
 from scale.trackers import Trackers, check_trackers
 from scale.watch.collapse import CollapseAlarm
 from scale.watch.heartbeat import Heartbeat
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: int = 0, synthetic: bool = False) -> int:
-    """`synthetic`: random batches of the recipe's crop layout instead of its shards (scale.bench.synthetic, as
+    """`synthetic`: random batches of the recipe's crop layout instead of its shards (scale.data.synthetic, as
     `scale bench --synthetic-data`), no validation: a smoke run of the engine, the collectives, checkpointing and
     resume on a new cluster before any data is there."""
     cfg = load_recipe(recipe, overrides)  # validate before spawning anything
@@ -83,7 +84,7 @@ class Start:
 
 
 def read_start(run: RunDir, cfg: DictConfig) -> Start:
-    """Raises ConfigError when the run directory cannot continue with this recipe (scale.resume)."""
+    """Raises ConfigError when the run directory cannot continue with this recipe (scale.loop.resume)."""
     return Start(check_resumable(run, cfg), not CheckpointStore(run.checkpoints).candidates())
 
 
@@ -115,7 +116,7 @@ def train_loader(cfg: DictConfig, info: ParallelContext, device: torch.device):
 
 def synthetic_loader(cfg: DictConfig, info: ParallelContext):
     """This rank's random batches in the recipe's crop layout (`scale train --synthetic-data`)."""
-    from scale.bench.synthetic import SyntheticLoader
+    from scale.data.synthetic import SyntheticLoader
 
     log.info("synthetic data: random batches of the recipe's crop layout, no shards read, no validation")
     return SyntheticLoader(cfg, info.dp_rank, info.dp_size)
@@ -131,7 +132,7 @@ class Trainer:
         synthetic: bool = False,
         start: Start | None = None,
     ):
-        """`synthetic`: random batches instead of the recipe's shards (scale.bench.synthetic). `start`: what `main`
+        """`synthetic`: random batches instead of the recipe's shards (scale.data.synthetic). `start`: what `main`
         read of the run directory; read here when not given (a Trainer built without `main`)."""
         start = start or read_start(run, cfg)
         self.cfg, self.run, self.info, self.device = cfg, run, info, device

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from scale.data.evaluation import dataset_info, eval_views_cfg, lockstep_batches
 from scale.engine.parallel import ParallelContext
 from scale.errors import ConfigError, UserError
-from scale.eval.data import dataset_info, eval_views_cfg, lockstep_batches
-from scale.eval.session import write_json
+from scale.loop.rundir import write_json
 
 log = logging.getLogger(__name__)
 

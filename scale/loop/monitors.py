@@ -7,7 +7,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 
-from scale.eval.monitor import KnnMonitor
+from scale.loop.knn_monitor import KnnMonitor
 from scale.methods.monitors import GradSpikeDetector
 from scale.watch.collapse import embedding_std
 from scale.watch.probe import OnlineProbe

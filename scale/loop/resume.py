@@ -10,7 +10,7 @@ from scale.config.load import from_dict
 from scale.config.schema import Recipe
 from scale.config.validate import get_key, schema_rules
 from scale.errors import ConfigError
-from scale.rundir import RunDir
+from scale.loop.rundir import RunDir
 
 
 def keys_with(resume: str) -> list[str]:

@@ -11,9 +11,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from scale.errors import UserError
-from scale.eval.features import gather_rows
-from scale.eval.knn import nearest, vote
 from scale.methods.distributed import active
+from scale.watch.knn import gather_rows, nearest, vote
 
 
 class KnnMonitor:

@@ -2,7 +2,7 @@
 one rank holds after a training step of a recipe's method, from `Engine.memory()`.
 
 `measure(cfg, engines)` runs inside a process group (the bench command calls it); `python -m
-scale.engine.memory_report RECIPE [overrides] --nproc 2 [--engines ddp,fsdp2,zero3]` spawns the group on CPU
+scale.bench.memory_report RECIPE [overrides] --nproc 2 [--engines ddp,fsdp2,zero3]` spawns the group on CPU
 (gloo) and prints the table. Parameters are counted exactly; activations are not (one image per rank).
 """
 
@@ -21,10 +21,10 @@ KEYS = ("params", "grads", "optimizer", "teacher", "total")
 
 
 def measure_one(cfg, info: ParallelContext, device: torch.device) -> dict[str, int]:
-    """One training step (scale.step.TrainStep, as training runs it) on one synthetic image per micro-batch and
+    """One training step (scale.loop.step.TrainStep, as training runs it) on one synthetic image per micro-batch and
     rank, in the recipe's crop layout; then what the engine holds."""
-    from scale.bench.synthetic import SyntheticLoader
-    from scale.step import TrainStep
+    from scale.data.synthetic import SyntheticLoader
+    from scale.loop.step import TrainStep
 
     cfg = OmegaConf.merge(cfg, {"train": {"global_batch": info.world_size * cfg.engine.grad_accum}})
     step = TrainStep(cfg, info, device, lambda: SyntheticLoader(cfg, info.rank, info.world_size), "", 1)

@@ -1,4 +1,4 @@
-"""End-to-end fine-tuning from an exported backbone (MoCo v3 Table 5, DINO Table 6, DRLoc Table 4).
+"""`scale eval finetune`, a command over the training loop: end-to-end fine-tuning from an exported backbone (MoCo v3 Table 5, DINO Table 6, DRLoc Table 4).
 
 A fine-tuning row is a supervised recipe (DeiT's: AdamW, warmup + cosine, drop path, RandAugment, mixup/cutmix,
 label smoothing), so `scale eval finetune RECIPE --weights FILE` is `scale train RECIPE train.init_weights=FILE`:
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from scale import train
 from scale.engine.dist import detect
 from scale.errors import UserError
+from scale.loop import train
 from scale.methods import has_class_head
 
 

@@ -22,9 +22,9 @@ from scale.engine.dist import seed_everything
 from scale.engine.guard import FiniteGuard
 from scale.engine.parallel import ParallelContext
 from scale.errors import UserError
+from scale.loop.monitors import Monitors
 from scale.methods import build_method
 from scale.methods.base import StepContext
-from scale.monitors import Monitors
 from scale.optim import apply_schedule
 from scale.schedules import lr_schedule, wd_schedule
 
