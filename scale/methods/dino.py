@@ -91,6 +91,8 @@ def updated_center(
 
 
 class Dino(Method):
+    kind = "dino"
+
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: BackboneFn):
         self.cfg = dc = cfg.method.dino
         self.student = self._build(backbone_fn(), norm_last_layer=dc.norm_last_layer, predictor=dc.predictor)
