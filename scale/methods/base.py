@@ -51,6 +51,8 @@ class Method(abc.ABC):
     views: tuple[str, ...] = CROPS  # the data.views.kind it trains on
     global_views: int | None = None  # the data.views.n_global it needs; None: any
     classifies = False  # the student ends in a class head: the loop validates it on data.val (`val_logits`)
+    # K of the teacher's output distribution (DINO, EsViT), whose entropy the collapse alarm watches; None: none
+    teacher_classes: int | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
