@@ -1,5 +1,11 @@
 """Errors that are the user's to fix: the CLI prints them without a traceback and exits with status 2."""
 
+import os
+import sys
+
+# set in the ranks that `--nproc` spawns (scale/launch/local.py): the process that spawned them speaks for them
+LAUNCH_MARK = "SCALE_LOCAL_LAUNCH"
+
 
 class UserError(Exception):
     """A bad recipe, override, path or input; the message names the file, key or sample."""
@@ -21,3 +27,20 @@ class NonFiniteLoss(UserError):
     """The loss became NaN or infinite; the run stops before the optimizer step so the last checkpoint is clean."""
 
     exit_code = 1
+
+
+def speaks_for_launch() -> bool:
+    """Whether this process prints what every process of a launch finds alike: the process that spawns `--nproc`
+    ranks, rank 0 under torchrun or srun, a process on its own."""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    return rank == "0" and LAUNCH_MARK not in os.environ
+
+
+_NOTICES: set[str] = set()
+
+
+def notice(message: str) -> None:
+    """Print `message` (e.g. a deprecation) to stderr once per process and once per launch."""
+    if message not in _NOTICES and speaks_for_launch():
+        print(f"scale: {message}", file=sys.stderr)
+    _NOTICES.add(message)

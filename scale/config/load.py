@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from scale.config.schema import Recipe
 from scale.config.validate import Origins, check_recipe
-from scale.errors import ConfigError
+from scale.errors import ConfigError, notice
 from scale.resources import recipes_dir
 
 BASE_KEY = "base"
@@ -152,6 +152,18 @@ def _defaults() -> DictConfig:
     return copy.deepcopy(_schema())
 
 
+def _renamed(raw: dict, where: str) -> dict:
+    """`raw` in today's spelling: method.kind=mocov3 with method.moco.variant=X (before each framework was a kind of
+    its own, scale/methods/registry.py) is method.kind=X. Recipes and the config.yaml of older runs still load."""
+    moco = raw.get("method", {}).get("moco") if isinstance(raw.get("method"), dict) else None
+    if not isinstance(moco, dict) or "variant" not in moco:
+        return raw
+    method = {**raw["method"], "moco": {k: v for k, v in moco.items() if k != "variant"}}
+    method["kind"] = moco["variant"] if method.get("kind", "mocov3") == "mocov3" else method["kind"]
+    notice(f"{where}: method.moco.variant is deprecated: write method.kind={method['kind']} (read as such)")
+    return {**raw, "method": method}
+
+
 def _merge(cfg: DictConfig, raw: dict, where: str) -> DictConfig:
     """`raw` merged into `cfg` in place (unsafe_merge: no copy of `cfg`, which the caller no longer uses)."""
     _check_keys(raw, cfg, where)
@@ -219,6 +231,7 @@ def load_recipe(name_or_path: str, overrides: Iterable[str] = ()) -> DictConfig:
     origins = Origins()
     sources = [(str(file), raw) for file, raw in _load_chain(path)] + [("command line", parse_overrides(overrides))]
     for where, raw in sources:
+        raw = _renamed(raw, where)
         cfg = _merge(cfg, raw, where)
         origins.record(raw, where)
     if not cfg.meta.name:
@@ -233,7 +246,7 @@ def load_recipe(name_or_path: str, overrides: Iterable[str] = ()) -> DictConfig:
 
 def from_dict(data: dict, where: str = "config") -> DictConfig:
     """A recipe from a plain dict (e.g. the config.yaml saved in a run directory, `where`)."""
-    return _merge(_defaults(), data, where)
+    return _merge(_defaults(), _renamed(data, where), where)
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -13,16 +13,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+import scale.methods.registry as registry  # the schema reads the methods' registry (tests/foundation/test_layers.py)
 from scale.errors import ConfigError
-
-# method.kind -> the data.views.kind it can train on (self-supervised methods need crops, class heads labels)
-VIEWS_FOR_METHOD = {
-    "dino": ("multicrop", "two_view"),
-    "esvit": ("multicrop", "two_view"),
-    "mocov3": ("multicrop", "two_view"),
-    "drloc": ("supervised", "eval"),
-    "supervised": ("supervised", "eval"),
-}
 
 UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 
@@ -94,15 +86,13 @@ def _rule_failure(value: Any, rule: dict) -> str | None:
 
 def _cross_field(cfg: DictConfig) -> Iterator[tuple[str, str]]:
     """(dotted key, what is wrong) for each rule relating several fields that `cfg` breaks."""
-    views, method = cfg.data.views, cfg.method
-    if views.kind not in VIEWS_FOR_METHOD[method.kind]:
-        yield (
-            "data.views.kind",
-            f"method.kind={method.kind} trains on views {' or '.join(VIEWS_FOR_METHOD[method.kind])}",
-        )
+    views, kind = cfg.data.views, cfg.method.kind
+    method = registry.method_class(kind)  # self-supervised methods need crops, class heads labels
+    if views.kind not in method.views:
+        yield "data.views.kind", f"method.kind={kind} trains on views {' or '.join(method.views)}"
     n_global = views.n_global if views.kind == "multicrop" else 2
-    if method.kind == "mocov3" and n_global != 2:
-        yield "data.views.n_global", f"method.kind=mocov3 needs 2 global views, got {n_global}"
+    if method.global_views is not None and n_global != method.global_views:
+        yield "data.views.n_global", f"method.kind={kind} needs {method.global_views} global views, got {n_global}"
     if views.kind in ("multicrop", "two_view"):
         if min(len(views.blur_p), len(views.solarize_p)) < n_global:
             yield "data.views.blur_p", f"blur_p and solarize_p need one entry per global view ({n_global})"

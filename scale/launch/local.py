@@ -11,9 +11,8 @@ import sys
 import time
 
 from scale import faults
-from scale.errors import PREEMPTED_EXIT_CODE
+from scale.errors import LAUNCH_MARK, PREEMPTED_EXIT_CODE
 
-LAUNCH_MARK = "SCALE_LOCAL_LAUNCH"
 # what a new launch must not inherit from its caller: a process group's variables and the launch mark (they would
 # make it join the caller's group, or skip spawning), and a fault meant for another run
 INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", LAUNCH_MARK, faults.ENV)

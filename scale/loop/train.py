@@ -156,8 +156,7 @@ class Trainer:
         self.checkpointer = Checkpointer(
             run.checkpoints, cfg, info, self.engine, self.method, self.loader, self.step.monitors
         )
-        out_dim = cfg.method.dino.out_dim if cfg.method.kind in ("dino", "esvit") else None
-        self.collapse = CollapseAlarm(cfg, self.steps_per_epoch, out_dim, info.dp_group)
+        self.collapse = CollapseAlarm(cfg, self.steps_per_epoch, self.method.teacher_classes, info.dp_group)
         self.preemption = Preemption(list(cfg.train.preempt_signals), info.dp_group)
         self.unread_keys: dict[int, list[str]] = {}  # this rank's sample keys of the steps since the guard's last read
 

@@ -1,7 +1,7 @@
-"""Methods: DINO, EsViT, MoCo v3 (and SimCLR, BYOL, SwAV for MoCo v3 Table 4), DRLoc, supervised.
+"""Methods: DINO, EsViT, MoCo v3, MoCo v2, SimCLR, BYOL, SwAV (MoCo v3 Table 4, DINO Table 7), DRLoc, supervised.
 
-`build_method(cfg, steps_per_epoch, total_steps)` selects by `cfg.method.kind`; kind `mocov3` runs the framework
-named by `cfg.method.moco.variant` (mocov3 | mocov2 | simclr | byol | swav), which share the `moco` section's heads.
+`build_method(cfg, steps_per_epoch, total_steps)` builds the class that `cfg.method.kind` names in the registry
+(scale/methods/registry.py: each class declares its kind); the MoCo v3 Table 4 frameworks share the `moco` section.
 Imports are local so that importing `scale.methods.base` (the contract) and `scale.methods.config` (the recipe
 schema, which `scale --help` imports) stays light: no torch here at module level.
 """
@@ -9,34 +9,12 @@ schema, which `scale --help` imports) stays light: no torch here at module level
 import contextlib
 
 from scale.errors import UserError
-
-KINDS = ("dino", "esvit", "mocov3", "drloc", "supervised")
-MOCO_VARIANTS = ("mocov3", "mocov2", "simclr", "byol", "swav")
-
-
-def method_class(kind: str, variant: str = "mocov3"):
-    from scale.methods import byol, dino, drloc, esvit, mocov2, mocov3, simclr, supervised, swav
-
-    if kind not in KINDS:
-        raise UserError(f"method.kind: unknown method '{kind}' (expected one of {', '.join(KINDS)})")
-    if kind == "mocov3":
-        if variant not in MOCO_VARIANTS:
-            raise UserError(
-                f"method.moco.variant: unknown framework '{variant}' (expected one of {', '.join(MOCO_VARIANTS)})"
-            )
-        return {
-            "mocov3": mocov3.MocoV3,
-            "mocov2": mocov2.MocoV2,
-            "simclr": simclr.SimCLR,
-            "byol": byol.BYOL,
-            "swav": swav.SwAV,
-        }[variant]
-    return {"dino": dino.Dino, "esvit": esvit.Esvit, "drloc": drloc.Drloc, "supervised": supervised.Supervised}[kind]
+from scale.methods.registry import method_class
 
 
 def has_class_head(cfg) -> bool:
     """Whether recipe `cfg`'s method ends in a class head (the training loop validates it on data.val)."""
-    return method_class(cfg.method.kind, cfg.method.moco.variant).classifies
+    return method_class(cfg.method.kind).classifies
 
 
 def build_method(
@@ -56,7 +34,7 @@ def build_method(
 
     if steps_per_epoch <= 0 or total_steps <= 0:
         raise UserError(f"steps_per_epoch ({steps_per_epoch}) and total_steps ({total_steps}) must be positive")
-    cls = method_class(cfg.method.kind, cfg.method.moco.variant)
+    cls = method_class(cfg.method.kind)
     if backbone_fn is None:
         from scale.models import build_backbone
 

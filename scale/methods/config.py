@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from scale.config.fields import FIXED, at_least, choice, listed_in, plain, within
+from scale.methods import registry
 
 
 @dataclass
@@ -33,7 +34,7 @@ class DinoConfig:
 
 @dataclass
 class MocoConfig:
-    variant: str = choice("mocov3", ["mocov3", "mocov2", "simclr", "byol", "swav"], resume=FIXED)
+    # the heads and losses of method.kind mocov3, mocov2, simclr, byol and swav (MoCo v3 Table 4, DINO Table 7)
     dim: int = at_least(256, 1, resume=FIXED)
     mlp_dim: int = at_least(4096, 1, resume=FIXED)
     proj_layers: int = at_least(3, 1, resume=FIXED)
@@ -97,8 +98,8 @@ class SupervisedConfig:
 
 @dataclass
 class MethodConfig:
-    # dino | esvit | mocov3 | drloc | supervised; kind mocov3 runs the framework named by moco.variant
-    kind: str = choice("dino", ["dino", "esvit", "mocov3", "drloc", "supervised"], resume=FIXED)
+    # the registered methods (scale/methods/registry.py): dino, esvit, mocov3, mocov2, simclr, byol, swav, drloc, ...
+    kind: str = choice("dino", registry.kinds, resume=FIXED)
     dino: DinoConfig = field(default_factory=DinoConfig)
     moco: MocoConfig = field(default_factory=MocoConfig)
     drloc: DrlocConfig = field(default_factory=DrlocConfig)

@@ -91,8 +91,11 @@ def updated_center(
 
 
 class Dino(Method):
+    kind = "dino"
+
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: BackboneFn):
         self.cfg = dc = cfg.method.dino
+        self.teacher_classes = dc.out_dim
         self.student = self._build(backbone_fn(), norm_last_layer=dc.norm_last_layer, predictor=dc.predictor)
         self.teacher = init_teacher(
             self._build(backbone_fn(drop_path=0.0), norm_last_layer=dc.norm_last_layer, predictor=False), self.student

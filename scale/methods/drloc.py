@@ -125,6 +125,8 @@ def localization_loss(
 
 
 class Drloc(Supervised):
+    kind = "drloc"
+
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.drloc = dc = cfg.method.drloc
         if dc.every_block and dc.mode not in ("l1", "signed"):

@@ -171,6 +171,8 @@ def region_loss_pairs(
 
 
 class Esvit(Dino):
+    kind = "esvit"
+
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         super().__init__(cfg, steps_per_epoch, total_steps, backbone_fn)
         self.region_center = torch.zeros(1, self.cfg.out_dim, device="cpu")

@@ -36,6 +36,9 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, tau: float, group: distributed.G
 
 
 class SimCLR(Method):
+    kind = "simclr"
+    global_views = 2
+
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.cfg = mc = cfg.method.moco
         self.per_view_bn = _bn_batching(mc.bn_batching)

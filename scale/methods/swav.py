@@ -21,6 +21,9 @@ from scale.models.heads import moco_projector
 
 
 class SwAV(Method):
+    kind = "swav"
+    global_views = 2
+
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.cfg = mc = cfg.method.moco
         self.per_view_bn = _bn_batching(mc.bn_batching)

@@ -1,6 +1,6 @@
 """`scale recipes check`: load every recipe, build its method on the meta device, compare parameter counts.
 
-A row fails when it does not load, when a part it needs is not built yet (a backbone or method that is not
+A row fails when it does not load, when a part it needs is not built yet (a backbone that is not
 registered, an engine module that does not exist, or a `missing: ...` line in `meta.notes`), when its method does
 not build, when the backbone's parameter count is outside the paper's rounding of `meta.reported.params_m`, or when
 a stated value differs from its recorded source or has none (scale.recipes.provenance).
@@ -36,16 +36,11 @@ class CheckResult:
 
 def missing_pieces(cfg: DictConfig) -> list[str]:
     """What this recipe needs that the code base does not have yet, each named for a reader."""
-    from scale.methods import KINDS, MOCO_VARIANTS
     from scale.models import available
 
     missing = []
     if cfg.model.name not in available():
         missing.append(f"backbone '{cfg.model.name}' (model.name; not registered in scale.models)")
-    if cfg.method.kind not in KINDS:
-        missing.append(f"method '{cfg.method.kind}' (method.kind; not in scale.methods)")
-    elif cfg.method.kind == "mocov3" and cfg.method.moco.variant not in MOCO_VARIANTS:
-        missing.append(f"framework '{cfg.method.moco.variant}' (method.moco.variant; not in scale.methods)")
     module = ENGINE_KINDS[cfg.engine.kind][0] if cfg.engine.kind in ENGINE_KINDS else None
     if module is None or importlib.util.find_spec(module) is None:
         missing.append(f"engine '{cfg.engine.kind}' (engine.kind; no module {module or '?'})")

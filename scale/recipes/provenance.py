@@ -56,12 +56,6 @@ PER_METHOD = {
         "data.views.n_local",
         "data.views.local_scale",
     ],
-    "mocov3": [
-        "method.moco.variant",
-        "method.moco.temperature",
-        "method.moco.momentum",
-        "method.moco.momentum_cosine",
-    ],
     "drloc": [
         "method.drloc.pairs",
         "method.drloc.weight",
@@ -89,6 +83,9 @@ PER_METHOD = {
         "data.views.random_erase_p",
     ],
 }
+# the kinds that read the `moco` section (MoCo v3 Table 4, DINO Table 7) source which framework the row runs
+MOCO = ["method.kind", "method.moco.temperature", "method.moco.momentum", "method.moco.momentum_cosine"]
+PER_METHOD.update(dict.fromkeys(["mocov3", "mocov2", "simclr", "byol", "swav"], MOCO))
 PER_METHOD["esvit"] = PER_METHOD["dino"] + ["method.dino.region_weight", "method.dino.region_from_epoch"]
 # what a recipe file writes that names the row rather than a hyper-parameter: not sourced key by key
 IDENTITY = (

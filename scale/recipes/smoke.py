@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from scale.errors import UserError
+from scale.methods import has_class_head
 from scale.recipes.check import missing_pieces
 
 SMOKE_DATASET = "photos"  # 12 classes of 64x64 crops of photos shipped by scikit-image / scikit-learn
@@ -111,7 +112,7 @@ def smoke_overrides(cfg: DictConfig, data_dir: Path | str | None = None) -> Dict
     if missing:
         raise UserError(f"{cfg.meta.name}: cannot smoke-run, needs " + "; ".join(missing))
     out = copy.deepcopy(cfg)  # keeps the typed schema: a mistyped assignment below would fail
-    supervised = out.method.kind in ("supervised", "drloc")
+    supervised = has_class_head(out)
     size = _shrink_views(out, supervised)
     _shrink_model(out, size)
     _shrink_heads(out)

@@ -14,7 +14,7 @@ from scale.errors import UserError
 from scale.loop.resume import keys_with
 from scale.methods import build_method
 
-# one config per family of checkpointed shapes: methods (and MoCo's frameworks) x backbones
+# one config per family of checkpointed shapes: methods x backbones
 CONFIGS = {
     "dino_vit": ("demo/dino_tiny", []),
     "dino_resnet": ("demo/dino_tiny", ["model.name=resnet_nano"]),
@@ -22,8 +22,8 @@ CONFIGS = {
     "drloc_swin": ("demo/drloc_tiny", []),
     "supervised_vit": ("demo/drloc_tiny", ["method.kind=supervised", "model.name=vit_nano", "model.patch_size=4"]),
     **{
-        f"moco_{variant}": ("demo/mocov3_tiny", [f"method.moco.variant={variant}", "method.moco.queue_size=64"])
-        for variant in ("mocov3", "mocov2", "simclr", "byol", "swav")
+        f"moco_{kind}": ("demo/mocov3_tiny", [f"method.kind={kind}", "method.moco.queue_size=64"])
+        for kind in ("mocov3", "mocov2", "simclr", "byol", "swav")
     },
 }
 

@@ -160,7 +160,6 @@ def test_choice_typo_in_a_recipe_file_names_the_file(recipes):
         "optim.clip_mode=norm",
         "data.backend=ffcv",
         "data.views.kind=multi",
-        "method.moco.variant=moco",
         "model.pos_embed=rope",
         "model.pooling=max",
         "model.weight_init=xavier",

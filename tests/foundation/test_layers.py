@@ -1,7 +1,8 @@
 """The layers of scale/, read from the source: every import statement of every module (those inside functions
 too), resolved to the package it names. The training loop (scale/loop/) sits above engine/, methods/, data/ and
 checkpoint/; eval/ and the loop never import each other; engine/ imports neither the loop nor bench/. Between
-packages there are no cycles, except the schema (scale/config/) reading each package's own config section."""
+packages there are no cycles, except the schema (scale/config/) reading each package's own config section and
+registry."""
 
 import ast
 from pathlib import Path
@@ -51,8 +52,9 @@ def package(module: str) -> str:
 
 
 def reads_config_section(source: str, target: str) -> bool:
-    """The one allowed upward import: the schema (scale/config/) reading a package's config section."""
-    return package(source) == "config" and target.endswith(".config")
+    """The one allowed upward import: the schema (scale/config/) reading a package's config section, or the
+    registry its choices come from (scale/methods/registry.py: the method kinds and the views each takes)."""
+    return package(source) == "config" and target.endswith((".config", ".registry"))
 
 
 def package_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:

@@ -271,7 +271,7 @@ def test_esvit_region_from_epoch_two_phases_and_resume():
 
 @pytest.mark.parametrize("variant", ["mocov3", "simclr", "byol", "swav"])
 def test_two_view_frameworks_train(variant):
-    method = build(recipe("mocov3", method__moco__variant=variant))
+    method = build(recipe(variant))
     losses = train(method, make_batch(), 10)
     assert_goes_down(losses)
     if variant in ("mocov3", "byol"):
@@ -286,8 +286,7 @@ def test_mocov2_trains_against_a_queue_of_other_images_keys():
     step's negatives are the other batch's keys (with one batch, a queue holds the positives' own earlier keys). In
     fp32 nothing casts the queue: backward needs it as it was when the logits were computed."""
     cfg = recipe(
-        "mocov3",
-        method__moco__variant="mocov2",
+        "mocov2",
         method__moco__queue_size=16,
         method__moco__momentum=0.999,
         method__moco__momentum_cosine=False,
@@ -308,7 +307,7 @@ def test_mocov2_loss_uses_the_queue_before_the_step_then_enqueues_its_keys(size,
     entries, as if written one by one into a ring (wrapping; with more keys than the queue holds, the newest stay)."""
     from scale.methods.mocov2 import queue_contrastive
 
-    method = build(recipe("mocov3", method__moco__variant="mocov2", method__moco__queue_size=size))
+    method = build(recipe("mocov2", method__moco__queue_size=size))
     batch = make_batch()
     ring = method.queue.clone()
     with torch.no_grad():  # the batch and the nets do not change here: every step has the same queries and keys
@@ -340,11 +339,11 @@ def test_moco_joint_bn_batching_and_momentum_schedule():
 
 @pytest.mark.parametrize("variant", ["mocov3", "byol"])
 def test_per_view_bn_heads_with_one_image_per_forward_name_the_setting(variant):
-    method = build(recipe("mocov3", method__moco__variant=variant))
+    method = build(recipe(variant))
     ctx = StepContext(step=0, epoch=0, steps_per_epoch=1, total_steps=1)
     with pytest.raises(UserError, match="needs at least 2 per forward, got 1.*bn_batching=joint"):
         method.loss(make_batch(batch=1), ctx)
-    joint = build(recipe("mocov3", method__moco__variant=variant, method__moco__bn_batching="joint"))
+    joint = build(recipe(variant, method__moco__bn_batching="joint"))
     assert torch.isfinite(joint.loss(make_batch(batch=1), ctx)[0])  # two views: two images per BatchNorm
 
 
@@ -399,8 +398,8 @@ def test_drloc_on_vit_pools_the_grid():
 def test_unknown_kind_is_a_user_error():
     with pytest.raises(UserError, match="method.kind"):
         build(recipe("barlow"))
-    with pytest.raises(UserError, match="method.moco.variant"):
-        build(recipe("mocov3", method__moco__variant="moco_v2"))
+    with pytest.raises(UserError, match="method.kind: unknown method 'moco_v2'"):
+        build(recipe("moco_v2"))
 
 
 @pytest.mark.parametrize("kind", ["dino", "mocov3", "drloc"])

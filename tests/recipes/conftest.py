@@ -14,14 +14,13 @@ def pytest_configure(config):
 
 
 def smoke_features(cfg) -> set[tuple]:
-    """What selects the code a smoke run exercises: the method (and MoCo framework), the model family, the engine,
+    """What selects the code a smoke run exercises: the method, the model family, the engine,
     precision, activation checkpointing, view kind, local crops or none, fine-tuning from weights, the k-NN monitor
     and the optimizer. Sizes and numbers select nothing (the engines and the methods on every backbone family have
     their own in-process tests)."""
-    variant = cfg.method.moco.variant if cfg.method.kind == "mocov3" else ""
     family = cfg.model.name.split("_")[0] + ("_bn" if cfg.model.name.startswith("vit_bn") else "")
     return {
-        ("method", cfg.method.kind, variant),
+        ("method", cfg.method.kind),
         ("family", family),
         ("engine", cfg.engine.kind),
         ("precision", cfg.engine.precision),

@@ -30,7 +30,6 @@ def test_smoke_shrink_keeps_code_path(name, tmp_path):
     assert small.model.name == tiny_model_name(cfg.model.name)
     for key in (
         "method.kind",
-        "method.moco.variant",
         "method.dino.teacher",
         "method.dino.centering",
         "method.dino.loss",
