@@ -9,17 +9,9 @@ import pytest
 import scale.loop.train
 from scale.checkpoint.store import CheckpointStore
 from scale.loop.train import main
+from tests.engine.test_step_guard import TINY as STEP_TINY
 
-TINY = [
-    "train.global_batch=4",
-    "data.views.n_local=[2]",
-    "method.dino.out_dim=64",
-    "method.dino.hidden_dim=32",
-    "method.dino.bottleneck_dim=16",
-    "optim.warmup_epochs=0",
-    "train.knn_monitor_every=0",
-    "engine.kind=ddp",
-]
+TINY = [*STEP_TINY, "engine.kind=ddp"]
 
 
 @pytest.fixture
