@@ -55,7 +55,11 @@ def check_fits(folder, state: dict, metadata: Metadata, main: bool = True) -> No
     same: only the `main` one says why, the others exit with the same status silently."""
     saved = {k: tuple(v.size) for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
     scopes = tuple(p for p in SHAPED if _has(state, p))  # a part left out on purpose (train.reset) is not read
-    problem = misfit(flat_shapes(state), saved, scopes)
+    refuse(folder, misfit(flat_shapes(state), saved, scopes), main)
+
+
+def refuse(folder, problem: str | None, main: bool = True) -> None:
+    """A misfit (`problem`) ends the run as a user error, said by the `main` rank only; None: nothing to do."""
     if problem and not main:
         raise SystemExit(UserError.exit_code)
     if problem:

@@ -397,6 +397,7 @@ class DeepSpeedEngine(Engine):
                 f"next update differs from the uninterrupted run's). Resume on {saved_world_size} ranks, or train "
                 f"with engine.kind=fsdp2, whose checkpoints load on any number of ranks."
             )
+        self.check_fits(folder)
         groups = self.ds.optimizer.optimizer.param_groups
         before = [dict(group) for group in groups]
         self.ds._config.load_universal_checkpoint = elastic
@@ -418,6 +419,30 @@ class DeepSpeedEngine(Engine):
             self._load_student_buffers(folder)
         if self.method.teacher is not None:
             self.load_teacher(folder)
+
+    def check_fits(self, folder: Path) -> None:
+        """A checkpoint whose tensor names or shapes differ from this run's is a user error naming the key and both
+        shapes, never damage (DeepSpeed's load would fail half-way); nothing is loaded. ZeRO-1/2: every weight and
+        buffer of the model states file and teacher.pt; ZeRO-3: the parameter shapes DeepSpeed records."""
+        from scale.checkpoint.fit import misfit, refuse
+        from scale.checkpoint.safe_load import load_torch  # the files were read as data before (check_files)
+
+        states = sorted((folder / CHECKPOINT_TAG).glob("*model_states.pt"))
+        if not states:
+            return  # DeepSpeed's load says there is no checkpoint
+        saved_states = load_torch(states[0])
+        if self.stage == 3:
+            recorded = saved_states["param_shapes"] + [saved_states.get("frozen_param_shapes") or {}]
+            saved = {f"engine.student.{k}": tuple(v) for group in recorded for k, v in group.items()}
+            wanted = {f"engine.student.{n}": tuple(p.ds_shape) for n, p in self.ds.module.named_parameters()}
+        else:
+            saved = {f"engine.student.{k}": tuple(v.shape) for k, v in saved_states["module"].items()}
+            wanted = {f"engine.student.{k}": tuple(v.shape) for k, v in self.ds.module.state_dict().items()}
+            if self.method.teacher is not None and (folder / "teacher.pt").is_file():
+                teacher = load_torch(folder / "teacher.pt")
+                saved |= {f"engine.teacher.{k}": tuple(v.shape) for k, v in teacher.items()}
+                wanted |= {f"engine.teacher.{k}": tuple(v.shape) for k, v in self.teacher_state().items()}
+        refuse(folder.parent, misfit(wanted, saved, ("engine.student.", "engine.teacher.")), self.dist_info.is_main)
 
     def _load_student_buffers(self, folder: Path) -> None:
         """The universal format carries parameters only: buffers (BatchNorm statistics) come from rank 0's model
