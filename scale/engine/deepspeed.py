@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 import warnings
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scale.checkpoint import rollback
 from scale.engine.base import Engine
 from scale.engine.ema import copy_student_to_teacher, ema_update
 from scale.engine.guard import FiniteGuard
@@ -52,6 +54,7 @@ from scale.optim import build_optimizer, param_groups
 
 DS_OPTIMIZERS = ("adamw", "sgd")
 CHECKPOINT_TAG = "state"
+COUNTERS = ("global_steps", "global_samples", "skipped_steps")  # what DeepSpeed's load sets besides tensors
 
 
 def op_build_dir(prefix: str = sys.prefix) -> str:
@@ -398,6 +401,14 @@ class DeepSpeedEngine(Engine):
                 f"with engine.kind=fsdp2, whose checkpoints load on any number of ranks."
             )
         self.check_fits(folder)
+        saved = self._snapshot()  # a load that fails half-way leaves none of the failed checkpoint's tensors
+        try:
+            self._load(folder, elastic, optimizer)
+        except BaseException:
+            self._restore(saved)
+            raise
+
+    def _load(self, folder: Path, elastic: bool, optimizer: bool) -> None:
         groups = self.ds.optimizer.optimizer.param_groups
         before = [dict(group) for group in groups]
         self.ds._config.load_universal_checkpoint = elastic
@@ -419,6 +430,33 @@ class DeepSpeedEngine(Engine):
             self._load_student_buffers(folder)
         if self.method.teacher is not None:
             self.load_teacher(folder)
+
+    def _snapshot(self) -> tuple:
+        """CPU copies of what a load writes into: the weights and buffers this rank holds, the fp32 masters, the
+        teacher; the inner optimizer's state and groups (its load replaces them; ZeRO-3's appends to their
+        `params` lists); DeepSpeed's step counters."""
+        zero = self.ds.optimizer
+        masters = getattr(zero, "single_partition_of_fp32_groups", None) or zero.fp32_partitioned_groups_flat
+        live = [self.held(self.ds.module), list(self.ds.module.buffers()), list(masters)]
+        if self.method.teacher is not None:
+            live.append(self.teacher_state())
+        inner = zero.optimizer
+        state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for p, s in inner.state.items()}
+        counters = {name: getattr(self.ds, name) for name in COUNTERS}
+        settings = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in inner.param_groups]
+        return rollback.snapshot(live), inner.param_groups, settings, state, counters
+
+    def _restore(self, saved: tuple) -> None:
+        tensors, groups, settings, state, counters = saved
+        rollback.restore(tensors)
+        inner = self.ds.optimizer.optimizer
+        inner.state = defaultdict(dict, state)
+        inner.param_groups = groups
+        for group, kept in zip(groups, settings):
+            group.clear()
+            group.update(kept)
+        for name, value in counters.items():
+            setattr(self.ds, name, value)
 
     def check_fits(self, folder: Path) -> None:
         """A checkpoint whose tensor names or shapes differ from this run's is a user error naming the key and both
