@@ -13,7 +13,7 @@ from scale.checkpoint.init import check_init_weights
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.factory import build_loader
-from scale.diskspace import check_before_save, check_start
+from scale.diskspace import check_before_save, check_start, weights_bytes
 from scale.engine.dist import DistInfo, detect, init_distributed, shutdown
 from scale.engine.parallel import ParallelContext, as_parallel, parallel_context
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
@@ -219,7 +219,8 @@ class Trainer:
 
     def save(self, step: int) -> None:
         """A checkpoint, once the disk has room for it: else every rank stops, before anything is written."""
-        check_before_save(self.run.checkpoints, self.run.root, step, self.info.is_main, self.info.dp_group)
+        first = weights_bytes(self.method.student, self.method.teacher)
+        check_before_save(self.run.checkpoints, self.run.root, step, self.info.is_main, self.info.dp_group, first)
         self.checkpointer.save(step)
 
     def check_finite(self) -> None:

@@ -7,11 +7,13 @@ with its class head) and DINOv2 (`teacher` with `backbone.`/`dino_head.`/`ibot_h
 A file reads as `Source`: per net (student, teacher, or None for a bare backbone) a state dict in the names of
 scale's nets (`backbone.*`, `head.*`, `region_head.*`, `projector.*`, `predictor.*`), plus what was left out and
 why. Pickle files load with torch's weights_only (argparse.Namespace, the `args` the official DINO/EsViT
-checkpoints carry, is the one type allowed besides tensors and containers): no file runs code.
+checkpoints carry, and DRLoc's yacs `config`, read into an inert dict, are the types allowed besides tensors and
+containers): no file runs code.
 """
 
 import argparse
 import pickle
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +22,19 @@ import torch
 from scale.errors import UserError
 
 WHAT = ("backbone", "student", "teacher", "all")
+
+
+class YacsConfig:
+    """Stands in for yacs's CfgNode, the `config` a DRLoc/Swin checkpoint pickles: each one unpickles as a plain
+    OrderedDict of its values (torch's weights_only reader fills only plain dicts), so yacs's own class, and its
+    code, is never imported or run."""
+
+    def __new__(cls, *args):
+        return OrderedDict()
+
+
+YacsConfig.__module__, YacsConfig.__qualname__ = "yacs.config", "CfgNode"  # the name the pickle gives
+SAFE_TYPES = [argparse.Namespace, YacsConfig]  # besides tensors and containers
 
 
 @dataclass
@@ -39,7 +54,7 @@ def read_file(path: str | Path) -> dict:
             from safetensors.torch import load_file
 
             return load_file(str(path), device="cpu")
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with torch.serialization.safe_globals(SAFE_TYPES):
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise UserError(

@@ -196,3 +196,42 @@ def test_a_file_that_would_run_code_is_refused(tmp_path):
     torch.save({"student": {}, "teacher": {}, "args": Crafted()}, path)
     with pytest.raises(UserError, match="refused to load"):
         read_source(path)
+
+
+def test_a_drloc_checkpoint_with_its_yacs_config_loads_without_yacs_running(tmp_path, monkeypatch):
+    """main.py saves `config`, a yacs CfgNode (a dict subclass, nested): its values are read as data, yacs is never
+    imported, and a CfgNode that would run code is still refused."""
+    import sys
+    import types
+
+    class CfgNode(dict):  # pickled as yacs.config.CfgNode, as yacs's own class is
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.__dict__["__immutable__"] = True
+
+    yacs = types.ModuleType("yacs.config")
+    yacs.CfgNode = CfgNode
+    CfgNode.__module__, CfgNode.__qualname__ = "yacs.config", "CfgNode"
+    monkeypatch.setitem(sys.modules, "yacs", types.ModuleType("yacs"))
+    monkeypatch.setitem(sys.modules, "yacs.config", yacs)
+    backbone = {k: v for k, v in state(nets("demo/drloc_tiny", 1)["student"]).items() if k.startswith("backbone.")}
+    config = CfgNode({"MODEL": CfgNode({"TYPE": "swin", "DROP_PATH_RATE": 0.1}), "DATA": CfgNode({"IMG_SIZE": 224})})
+    path = tmp_path / "ckpt_epoch_299.pth"
+    torch.save({"model": {k[len("backbone.") :]: v for k, v in backbone.items()}, "config": config}, path)
+    monkeypatch.delitem(sys.modules, "yacs.config")  # the reader must not need it
+    monkeypatch.delitem(sys.modules, "yacs")
+    got = read_state_dict(path)
+    assert got.keys() == {k[len("backbone.") :] for k in backbone}
+    assert all(torch.equal(got[k[len("backbone.") :]], v) for k, v in backbone.items())
+    assert "yacs" not in sys.modules
+
+    class Crafted(CfgNode):
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    Crafted.__module__, Crafted.__qualname__ = "yacs.config", "CfgNode"
+    monkeypatch.setitem(sys.modules, "yacs.config", types.SimpleNamespace(CfgNode=Crafted))
+    torch.save({"model": {}, "config": Crafted()}, path)
+    monkeypatch.delitem(sys.modules, "yacs.config")
+    with pytest.raises(UserError, match="refused to load"):
+        read_source(path)
