@@ -91,6 +91,17 @@ def _under(d: dict, prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix) :]: v for k, v in d.items() if k.startswith(prefix)}
 
 
+MASK_TOKEN = "mask_token"  # DINOv2's backbone: the token iBOT puts in place of masked patches
+
+
+def _no_mask_token(sd: dict[str, torch.Tensor], dropped: dict[str, str]) -> dict[str, torch.Tensor]:
+    """`sd` without DINOv2's mask token (noted in `dropped`): scale has no masked-patch loss to use it."""
+    keys = [k for k in sd if k.rsplit(".", 1)[-1] == MASK_TOKEN]
+    if keys:
+        dropped[keys[0]] = "iBOT's masked-patch token: scale has no masked-patch loss"
+    return {k: v for k, v in sd.items() if k not in keys}
+
+
 def _dino(state: dict) -> Source:
     """DINO / EsViT main_*.py checkpoint: student (DDP: `module.`), teacher (DDP only for BN backbones)."""
     nets = {
@@ -124,7 +135,7 @@ def _dinov2(state: dict) -> Source:
         if any(k.startswith("ibot_head.") for k in teacher)
         else {}
     )
-    teacher = {k: v for k, v in teacher.items() if not k.startswith("ibot_head.")}
+    teacher = _no_mask_token({k: v for k, v in teacher.items() if not k.startswith("ibot_head.")}, dropped)
     return Source("DINOv2 teacher checkpoint", {"teacher": teacher}, dropped)
 
 
@@ -151,7 +162,7 @@ def _bare(state: dict) -> Source:
     if classifier and all(k.count(".") == 1 for k in classifier):  # timm's `head.weight` / torchvision's `fc.weight`
         dropped = {sorted(classifier)[0].split(".")[0]: "a classifier: the recipe's heads start fresh"}
         sd = {k: v for k, v in sd.items() if k not in classifier}
-    return Source("backbone state dict", {None: sd}, dropped)
+    return Source("backbone state dict", {None: _no_mask_token(sd, dropped)}, dropped)
 
 
 def detect(state: dict) -> Source:
