@@ -188,8 +188,10 @@ def checkpoints_root(path: str | Path) -> Path:
         return path.parent
     if (path / "checkpoints").is_dir():
         return path / "checkpoints"
-    if (path / "config.yaml").is_file() or (path / LATEST).is_file() or any(path.glob("*step_*")):
-        return path  # a run that has not saved yet, or a checkpoints/ folder
+    if path.name == "checkpoints" and path.is_dir() or (path / LATEST).is_file() or any(path.glob("*step_*")):
+        return path  # a checkpoints/ folder
+    if (path / "config.yaml").is_file():
+        return path / "checkpoints"  # a run that has not saved yet
     from scale.errors import UserError
 
     raise UserError(

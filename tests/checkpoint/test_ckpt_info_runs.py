@@ -53,6 +53,10 @@ def test_a_run_that_has_not_saved_yet_exits_0(tmp_path, capsys):
     (tmp_path / "config.yaml").write_text("meta: {name: x}\n")
     assert cli(["ckpt", "info", str(tmp_path)]) == 0
     assert "no checkpoint saved yet" in capsys.readouterr().out
+    (tmp_path / "checkpoints").mkdir()  # created, still empty
+    for path in (tmp_path, tmp_path / "checkpoints"):
+        assert cli(["ckpt", "info", str(path)]) == 0
+        assert "no checkpoint saved yet" in capsys.readouterr().out
 
 
 def test_a_path_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, capsys):
