@@ -21,11 +21,12 @@ import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig
 from torch.distributed.checkpoint.api import CheckpointException
 
-from scale.checkpoint import rng, rollback
-from scale.checkpoint.fit import check_fits
+from scale.checkpoint import rng
+from scale.checkpoint.fit import check_deepspeed_fits, check_fits
 from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
 from scale.checkpoint.steering import Steering, pending, record
 from scale.checkpoint.store import CheckpointStore, epochs_done, step_name, step_of
+from scale.engine import rollback
 from scale.engine.parallel import ParallelContext
 from scale.errors import UserError
 from scale.faults import maybe_inject
@@ -289,6 +290,7 @@ class Checkpointer:
             )
         optimizer = "optimizer" not in reset
         if self.engine.native_checkpoint:
+            check_deepspeed_fits(self.engine, folder / "engine", self.info.is_main)
             self.engine.load_native(folder / "engine", meta["world_size"], optimizer=optimizer)
             run_state = load_torch(folder / "run_state.pt")
         else:

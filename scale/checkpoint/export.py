@@ -12,7 +12,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from scale.checkpoint.safe_load import DamagedFile, SafeLoadPlanner, SafeReader, check_files
-from scale.checkpoint.store import CheckpointStore, resolve
+from scale.checkpoint.store import META, TMP_PREFIX, CheckpointStore, checkpoints_root, resolve
 from scale.errors import UserError
 
 # "student": the whole student net (backbone and heads, e.g. a fine-tuned classifier)
@@ -73,9 +73,33 @@ def checked(path: str | Path, verify: bool = True) -> Path:
     return folder
 
 
+def newest_readable(path: Path, verify: bool) -> tuple[Path | None, dict[str, str]]:
+    """The step directory `path` names, or else its run's newest one whose files all read as data (and match
+    their checksums: `verify`), or None; and why each newer one was passed over, by folder name."""
+    if (path / META).is_file():
+        return checked(path, verify), {}
+    if path.name.startswith(("step_", TMP_PREFIX)):  # a step directory that is not sealed: the listing says why
+        return None, {}
+    passed = {}
+    for folder in CheckpointStore(checkpoints_root(path)).candidates():
+        problem = check_files(folder, verify=verify)
+        if not problem:
+            return folder, passed
+        passed[folder.name] = f"damaged: {problem}"
+    return None, passed
+
+
 def info(path: str | Path, verify: bool = False) -> dict:
-    """`verify`: also match every file with the checksum recorded when it was saved (reads every byte)."""
-    folder = checked(path, verify)
+    """What the newest loadable checkpoint holds (`path` a run, its checkpoints/ folder or a step directory), and
+    every checkpoint of the run; a run without a loadable one lists what it has. `verify`: also match every file
+    with the checksum recorded when it was saved (reads every byte)."""
+    path = Path(path)
+    folder, passed = newest_readable(path, verify)
+    if folder is None:
+        rows = CheckpointStore(checkpoints_root(path)).listing()
+        for row in rows:
+            row["loadable"] = passed.get(row["path"], row["loadable"])
+        return {"checkpoint": f"none loadable under {path}", "checkpoints": rows}
     meta = CheckpointStore(folder.parent).read_meta(folder)
     sizes = meta.get("files", {})
     out = {
@@ -102,6 +126,8 @@ def info(path: str | Path, verify: bool = False) -> dict:
                 model.update({f"{part}.{k}": t for k, t in read_tensors(folder, f"engine.{part}.").items()})
         out["model_checksum"] = checksum(model)
     out["checkpoints"] = CheckpointStore(folder.parent).listing()  # every one, to choose train.resume_step from
+    for row in out["checkpoints"]:
+        row["loadable"] = passed.get(row["path"], row["loadable"])
     return out
 
 

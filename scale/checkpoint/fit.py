@@ -55,7 +55,11 @@ def check_fits(folder, state: dict, metadata: Metadata, main: bool = True) -> No
     same: only the `main` one says why, the others exit with the same status silently."""
     saved = {k: tuple(v.size) for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
     scopes = tuple(p for p in SHAPED if _has(state, p))  # a part left out on purpose (train.reset) is not read
-    problem = misfit(flat_shapes(state), saved, scopes)
+    refuse(folder, misfit(flat_shapes(state), saved, scopes), main)
+
+
+def refuse(folder, problem: str | None, main: bool = True) -> None:
+    """A misfit (`problem`) ends the run as a user error, said by the `main` rank only; None: nothing to do."""
     if problem and not main:
         raise SystemExit(UserError.exit_code)
     if problem:
@@ -64,3 +68,29 @@ def check_fits(folder, state: dict, metadata: Metadata, main: bool = True) -> No
             "was written (or it is another run's); nothing was loaded or deleted. Restore the setting, or start a "
             "new run from its weights (train.init_weights). See README 'Resuming, rolling back and changing a run'."
         )
+
+
+def check_deepspeed_fits(engine, folder, is_main: bool) -> None:
+    """The same for a DeepSpeed engine's own files in `folder` (DeepSpeed's load would fail half-way); nothing is
+    loaded. ZeRO-1/2: every weight and buffer of the model states file and teacher.pt; ZeRO-3: the parameter shapes
+    DeepSpeed records against each parameter's `ds_shape`."""
+    from scale.checkpoint.safe_load import load_torch  # the files were read as data before (check_files)
+    from scale.engine.deepspeed import CHECKPOINT_TAG
+
+    states = sorted((folder / CHECKPOINT_TAG).glob("*model_states.pt"))
+    if not states:
+        return  # DeepSpeed's load says there is no checkpoint
+    saved_states = load_torch(states[0])
+    module = engine.ds.module
+    if engine.stage == 3:
+        recorded = saved_states["param_shapes"] + [saved_states.get("frozen_param_shapes") or {}]
+        saved = {f"engine.student.{k}": tuple(v) for group in recorded for k, v in group.items()}
+        wanted = {f"engine.student.{n}": tuple(p.ds_shape) for n, p in module.named_parameters()}
+    else:
+        saved = {f"engine.student.{k}": tuple(v.shape) for k, v in saved_states["module"].items()}
+        wanted = {f"engine.student.{k}": tuple(v.shape) for k, v in module.state_dict().items()}
+        if engine.method.teacher is not None and (folder / "teacher.pt").is_file():
+            teacher = load_torch(folder / "teacher.pt")
+            saved |= {f"engine.teacher.{k}": tuple(v.shape) for k, v in teacher.items()}
+            wanted |= {f"engine.teacher.{k}": tuple(v.shape) for k, v in engine.teacher_state().items()}
+    refuse(folder.parent, misfit(wanted, saved, ("engine.student.", "engine.teacher.")), is_main)

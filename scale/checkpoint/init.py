@@ -25,13 +25,21 @@ def _part(key: str) -> str:
     return key.split(".")[0]
 
 
+LAYER_SCALE = (".ls1.gamma", ".ls2.gamma")  # DINOv2's and timm's LayerScale parameters (blocks.N.ls1.gamma)
+
+
 def first_unmatched(expected: dict[str, tuple], weights: dict[str, torch.Tensor]) -> str | None:
     """The first key (sorted) that only one side has or whose shapes differ, described; None when they match."""
     for key in sorted(set(expected) | set(weights)):
         if key not in weights:
             return f"{key} {list(expected[key])} is not in the file"
         if key not in expected:
-            return f"the file's {key} {list(weights[key].shape)} has no place in the recipe's net"
+            hint = (
+                " (LayerScale: set model.layer_scale, e.g. 1e-5, for a ViT that has it)"
+                if key.endswith(LAYER_SCALE)
+                else ""
+            )
+            return f"the file's {key} {list(weights[key].shape)} has no place in the recipe's net{hint}"
         if tuple(weights[key].shape) != expected[key]:
             return f"{key} is {list(weights[key].shape)} in the file, {list(expected[key])} in the recipe"
     return None

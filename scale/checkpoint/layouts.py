@@ -7,11 +7,13 @@ with its class head) and DINOv2 (`teacher` with `backbone.`/`dino_head.`/`ibot_h
 A file reads as `Source`: per net (student, teacher, or None for a bare backbone) a state dict in the names of
 scale's nets (`backbone.*`, `head.*`, `region_head.*`, `projector.*`, `predictor.*`), plus what was left out and
 why. Pickle files load with torch's weights_only (argparse.Namespace, the `args` the official DINO/EsViT
-checkpoints carry, is the one type allowed besides tensors and containers): no file runs code.
+checkpoints carry, and DRLoc's yacs `config`, read into an inert dict, are the types allowed besides tensors and
+containers): no file runs code.
 """
 
 import argparse
 import pickle
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +22,19 @@ import torch
 from scale.errors import UserError
 
 WHAT = ("backbone", "student", "teacher", "all")
+
+
+class YacsConfig:
+    """Stands in for yacs's CfgNode, the `config` a DRLoc/Swin checkpoint pickles: each one unpickles as a plain
+    OrderedDict of its values (torch's weights_only reader fills only plain dicts), so yacs's own class, and its
+    code, is never imported or run."""
+
+    def __new__(cls, *args):
+        return OrderedDict()
+
+
+YacsConfig.__module__, YacsConfig.__qualname__ = "yacs.config", "CfgNode"  # the name the pickle gives
+SAFE_TYPES = [argparse.Namespace, YacsConfig]  # besides tensors and containers
 
 
 @dataclass
@@ -39,7 +54,7 @@ def read_file(path: str | Path) -> dict:
             from safetensors.torch import load_file
 
             return load_file(str(path), device="cpu")
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with torch.serialization.safe_globals(SAFE_TYPES):
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise UserError(
@@ -76,6 +91,17 @@ def _under(d: dict, prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix) :]: v for k, v in d.items() if k.startswith(prefix)}
 
 
+MASK_TOKEN = "mask_token"  # DINOv2's backbone: the token iBOT puts in place of masked patches
+
+
+def _no_mask_token(sd: dict[str, torch.Tensor], dropped: dict[str, str]) -> dict[str, torch.Tensor]:
+    """`sd` without DINOv2's mask token (noted in `dropped`): scale has no masked-patch loss to use it."""
+    keys = [k for k in sd if k.rsplit(".", 1)[-1] == MASK_TOKEN]
+    if keys:
+        dropped[keys[0]] = "iBOT's masked-patch token: scale has no masked-patch loss"
+    return {k: v for k, v in sd.items() if k not in keys}
+
+
 def _dino(state: dict) -> Source:
     """DINO / EsViT main_*.py checkpoint: student (DDP: `module.`), teacher (DDP only for BN backbones)."""
     nets = {
@@ -109,7 +135,7 @@ def _dinov2(state: dict) -> Source:
         if any(k.startswith("ibot_head.") for k in teacher)
         else {}
     )
-    teacher = {k: v for k, v in teacher.items() if not k.startswith("ibot_head.")}
+    teacher = _no_mask_token({k: v for k, v in teacher.items() if not k.startswith("ibot_head.")}, dropped)
     return Source("DINOv2 teacher checkpoint", {"teacher": teacher}, dropped)
 
 
@@ -136,7 +162,7 @@ def _bare(state: dict) -> Source:
     if classifier and all(k.count(".") == 1 for k in classifier):  # timm's `head.weight` / torchvision's `fc.weight`
         dropped = {sorted(classifier)[0].split(".")[0]: "a classifier: the recipe's heads start fresh"}
         sd = {k: v for k, v in sd.items() if k not in classifier}
-    return Source("backbone state dict", {None: sd}, dropped)
+    return Source("backbone state dict", {None: _no_mask_token(sd, dropped)}, dropped)
 
 
 def detect(state: dict) -> Source:

@@ -23,9 +23,12 @@ def timm_args(backbone) -> dict:
 
     if not isinstance(backbone, ViT) or any(type(b).__name__ != "Block" for b in backbone.blocks):
         raise UserError(
-            f"--format timm|hf: {type(backbone).__name__} is not a plain ViT; export with --format safetensors"
+            f"--format timm|hf: {type(backbone).__name__} is not a plain ViT; export with --format safetensors "
+            "(timm and hf exports: the vit_* backbones, LayerScale included; not vit_bn_*, Swin, ResNet or the "
+            "other families, which timm does not rebuild with scale's names)"
         )
     cls = backbone.cls_token is not None
+    scale = backbone.blocks[0].ls1
     return {
         "img_size": backbone.patch_embed.img_size[0],
         "patch_size": backbone.patch_embed.patch_size[0],
@@ -39,6 +42,7 @@ def timm_args(backbone) -> dict:
         "final_norm": not isinstance(backbone.norm, torch.nn.Identity),
         "pos_embed": "learn" if backbone.pos_embed is not None else "none",
         "dynamic_img_size": True,
+        "init_values": getattr(scale, "init_values", None),  # LayerScale (model.layer_scale), else Identity
     }
 
 

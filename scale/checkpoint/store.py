@@ -142,12 +142,17 @@ class CheckpointStore:
         """Step directories a rollback or a fallback moved aside, newest move first."""
         return sorted((p for p in (self.root / SET_ASIDE).glob("*/step_*") if p.is_dir()), reverse=True)
 
+    def staging_dirs(self) -> list[Path]:
+        """Step directories still being written, or left by a write that was killed (never sealed)."""
+        return sorted((p for p in self.root.glob(f"{TMP_PREFIX}step_*") if p.is_dir()), reverse=True)
+
     def listing(self) -> list[dict]:
-        """Every step directory, set-aside ones too, newest step first: step, when it was sealed, whether it can
-        be loaded (or why not), and where it lies relative to this folder."""
+        """Every step directory, set-aside and unsealed ones too, newest step first: step, when it was sealed,
+        whether it can be loaded (or why not), and where it lies relative to this folder."""
         rows = []
-        for folder in self.step_dirs() + self.set_aside_dirs():
-            problem = self.problem(folder)
+        staging = self.staging_dirs()
+        for folder in self.step_dirs() + self.set_aside_dirs() + staging:
+            problem = "not sealed (a write in progress, or killed)" if folder in staging else self.problem(folder)
             saved_at = None if problem else self.read_meta(folder).get("saved_at")
             rows.append(
                 {
@@ -175,17 +180,42 @@ class CheckpointStore:
         return doomed
 
 
+def checkpoints_root(path: str | Path) -> Path:
+    """The checkpoints/ folder of a run directory, of that folder itself, or of one of its step directories;
+    exit 2 (one line) for a path that is none of these."""
+    path = Path(path)
+    if path.name.startswith(("step_", TMP_PREFIX)) and path.is_dir():
+        return path.parent
+    if (path / "checkpoints").is_dir():
+        return path / "checkpoints"
+    if path.name == "checkpoints" and path.is_dir() or (path / LATEST).is_file() or any(path.glob("*step_*")):
+        return path  # a checkpoints/ folder
+    if (path / "config.yaml").is_file():
+        return path / "checkpoints"  # a run that has not saved yet
+    from scale.errors import UserError
+
+    raise UserError(
+        f"{path}: not a run directory (no checkpoints/ folder, config.yaml or step_* directory)"
+        if path.exists()
+        else f"{path}: no such run directory"
+    )
+
+
 def resolve(path: str | Path) -> Path:
     """A run directory, its checkpoints/ folder, or a step directory -> the newest complete step directory."""
     path = Path(path)
     if (path / META).is_file():
         return path
-    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    root = checkpoints_root(path)
+    if root != path and root.parent != path:  # a step directory, not sealed
+        from scale.errors import UserError
+
+        raise UserError(f"{path}: cannot be loaded: {CheckpointStore.problem(path)}")
     found = CheckpointStore(root).candidates()
     if not found:
         from scale.errors import UserError
 
-        raise UserError(f"no complete checkpoint under {path}")
+        raise UserError(f"no complete checkpoint under {path} (`scale ckpt info {path}` lists what is there)")
     return found[0]
 
 

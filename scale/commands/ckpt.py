@@ -41,6 +41,8 @@ def cmd_info(args) -> int:
         print(f"\n{'step':>10}  {'saved':<19}  {'loadable':<8}  path")
         for row in rows:
             print(f"{row['step']:>10}  {row['saved'] or '-':<19}  {row['loadable']:<8}  {row['path']}")
+        if not rows:
+            print(f"{'-':>10}  no checkpoint saved yet")
     return 0
 
 

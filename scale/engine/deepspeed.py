@@ -28,6 +28,7 @@ import os
 import shutil
 import sys
 import warnings
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scale.engine import rollback
 from scale.engine.base import Engine
 from scale.engine.ds_internals import (
     client_optimizer,
@@ -61,6 +63,7 @@ from scale.optim import build_optimizer, param_groups
 
 DS_OPTIMIZERS = ("adamw", "sgd")
 CHECKPOINT_TAG = "state"
+COUNTERS = ("global_steps", "global_samples", "skipped_steps")  # what DeepSpeed's load sets besides tensors
 
 
 def op_build_dir(prefix: str = sys.prefix) -> str:
@@ -361,7 +364,8 @@ class DeepSpeedEngine(Engine):
 
     def load_native(self, folder, saved_world_size: int, optimizer: bool = True) -> None:
         """On the saving world size, DeepSpeed's own load; on another (ZeRO-1/2), through its universal checkpoint
-        format, converted once beside the checkpoint. `optimizer` False: the optimizer keeps its fresh state."""
+        format, converted once beside the checkpoint. `optimizer` False: the optimizer keeps its fresh state.
+        The checkpointer has checked that the checkpoint fits this model (scale.checkpoint.fit)."""
         folder = Path(folder)
         elastic = saved_world_size != self.dist_info.world_size
         if elastic and self.stage == 3:
@@ -371,6 +375,14 @@ class DeepSpeedEngine(Engine):
                 f"next update differs from the uninterrupted run's). Resume on {saved_world_size} ranks, or train "
                 f"with engine.kind=fsdp2, whose checkpoints load on any number of ranks."
             )
+        saved = self._snapshot()  # a load that fails half-way leaves none of the failed checkpoint's tensors
+        try:
+            self._load(folder, elastic, optimizer)
+        except BaseException:
+            self._restore(saved)
+            raise
+
+    def _load(self, folder: Path, elastic: bool, optimizer: bool) -> None:
         groups = client_optimizer(self.ds.optimizer).param_groups
         before = [dict(group) for group in groups]
         source = universal_folder(folder) if elastic else folder
@@ -387,6 +399,32 @@ class DeepSpeedEngine(Engine):
             self._load_student_buffers(folder)
         if self.method.teacher is not None:
             self.load_teacher(folder)
+
+    def _snapshot(self) -> tuple:
+        """CPU copies of what a load writes into: the weights and buffers this rank holds, the fp32 masters, the
+        teacher; the inner optimizer's state and groups (its load replaces them; ZeRO-3's appends to their
+        `params` lists); DeepSpeed's step counters."""
+        masters = fp32_master_partitions(self.ds.optimizer, self.stage)
+        live = [self.held(self.ds.module), list(self.ds.module.buffers()), list(masters)]
+        if self.method.teacher is not None:
+            live.append(self.teacher_state())
+        inner = client_optimizer(self.ds.optimizer)
+        state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for p, s in inner.state.items()}
+        counters = {name: getattr(self.ds, name) for name in COUNTERS}
+        settings = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in inner.param_groups]
+        return rollback.snapshot(live), inner.param_groups, settings, state, counters
+
+    def _restore(self, saved: tuple) -> None:
+        tensors, groups, settings, state, counters = saved
+        rollback.restore(tensors)
+        inner = client_optimizer(self.ds.optimizer)
+        inner.state = defaultdict(dict, state)
+        inner.param_groups = groups
+        for group, kept in zip(groups, settings):
+            group.clear()
+            group.update(kept)
+        for name, value in counters.items():
+            setattr(self.ds, name, value)
 
     def _load_student_buffers(self, folder: Path) -> None:
         """The universal format carries parameters only: buffers (BatchNorm statistics) come from rank 0's model

@@ -2,7 +2,8 @@
 has saved one) the free space of the run directory is compared with the size of the last checkpoint
 (checkpoints/saves.jsonl). When it is short, the run stops before writing anything (exit 2, one message naming the
 run directory, the space needed and the newest intact checkpoint, which stays loadable); a start-up with too little
-space is refused the same way. A fresh run has no size to compare with: its first checkpoint is not checked."""
+space is refused the same way. A fresh run's first checkpoint is compared with the size of its model's weights
+(student and teacher, as saved: a lower bound, so that a refusal is never a false alarm)."""
 
 import json
 import shutil
@@ -24,13 +25,22 @@ def expected_bytes(checkpoints: Path) -> int | None:
         return None
 
 
+def weights_bytes(*modules) -> int:
+    """The bytes the modules' parameters and buffers take in full (an FSDP2 DTensor's numel is the full one; a
+    ZeRO-3 parameter's is in ds_numel); None modules count 0."""
+    tensors = [t for m in modules if m is not None for t in (*m.parameters(), *m.buffers())]
+    return sum(getattr(t, "ds_numel", t.numel()) * t.element_size() for t in tensors)
+
+
 def free_bytes(path: Path, step: int) -> int:
     return 0 if active("disk_full", step) else shutil.disk_usage(path).free
 
 
-def shortage(checkpoints: Path, root: Path, step: int) -> str | None:
-    """Why the next checkpoint does not fit, or None."""
-    need = expected_bytes(checkpoints)
+def shortage(checkpoints: Path, root: Path, step: int, first: int | None = None) -> str | None:
+    """Why the next checkpoint does not fit, or None; `first`: the least a first checkpoint takes."""
+    need, basis = expected_bytes(checkpoints), "the last one's size"
+    if need is None:
+        need, basis = first, "at least the model's weights: the first checkpoint"
     if need is None:
         return None
     free = free_bytes(checkpoints, step)
@@ -39,7 +49,7 @@ def shortage(checkpoints: Path, root: Path, step: int) -> str | None:
     found = CheckpointStore(checkpoints).candidates()
     newest = str(found[0]) if found else "none"
     return (
-        f"run directory {root}: disk full: the next checkpoint needs about {_size(need)} (the last one's size), "
+        f"run directory {root}: disk full: the next checkpoint needs about {_size(need)} ({basis}), "
         f"{_size(free)} is free. The newest intact checkpoint is {newest}; free some space (or lower "
         f"train.keep_last) and run the same command again to continue from it"
     )
@@ -52,9 +62,12 @@ def check_start(checkpoints: Path, root: Path) -> None:
         raise ConfigError(problem)
 
 
-def check_before_save(checkpoints: Path, root: Path, step: int, is_main: bool, group=None) -> None:
-    """Collective: rank 0 looks, every rank stops together (ConfigError: rank 0 prints it, once)."""
-    problem = shortage(checkpoints, root, step) if is_main else None
+def check_before_save(
+    checkpoints: Path, root: Path, step: int, is_main: bool, group=None, first: int | None = None
+) -> None:
+    """Collective: rank 0 looks, every rank stops together (ConfigError: rank 0 prints it, once). `first`: the
+    least the first checkpoint takes (weights_bytes), for a run that has saved none."""
+    problem = shortage(checkpoints, root, step, first) if is_main else None
     if dist.is_initialized():
         box = [problem]
         dist.broadcast_object_list(box, src=0, group=group)

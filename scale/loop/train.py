@@ -21,7 +21,7 @@ from scale.engine.parallel import ParallelContext, init_parallel
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.faults import maybe_inject
 from scale.launch.local import LAUNCH_MARK, already_launched, spawn
-from scale.loop.diskspace import check_before_save, check_start
+from scale.loop.diskspace import check_before_save, check_start, weights_bytes
 from scale.loop.preemption import Preemption
 from scale.loop.progress import progress_bar
 from scale.loop.resume import check_resumable
@@ -240,7 +240,8 @@ class Trainer:
 
     def save(self, step: int) -> None:
         """A checkpoint, once the disk has room for it: else every rank stops, before anything is written."""
-        check_before_save(self.run.checkpoints, self.run.root, step, self.info.is_main, self.info.dp_group)
+        first = weights_bytes(self.method.student, self.method.teacher)
+        check_before_save(self.run.checkpoints, self.run.root, step, self.info.is_main, self.info.dp_group, first)
         self.checkpointer.save(step)
 
     def check_finite(self) -> None:

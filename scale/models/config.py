@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from scale.config.fields import FIXED, at_least, choice, listed_in, plain, within
+from scale.config.fields import FIXED, above, at_least, choice, listed_in, plain, within
 
 
 def backbone_names() -> list[str]:
@@ -34,6 +34,9 @@ class ModelConfig:
     pooling: str = choice("cls", listed_in("scale.models.vit", "POOLINGS"), resume=FIXED)
     final_norm: bool = plain(True, FIXED)
     bn_mlp: bool = plain(False, FIXED)  # ViT-BN: BatchNorm instead of LayerNorm before the MLP of every block
+    # ViT: LayerScale (per-channel `ls1.gamma`/`ls2.gamma` after attention and MLP, as DINOv2's and CaiT's ViTs have),
+    # started at this value (DINOv2: 1e-5); None: none, as DINO's and MoCo v3's ViTs
+    layer_scale: float | None = above(None, 0.0, resume=FIXED)
     window_size: int = at_least(7, 1, resume=FIXED)  # Swin: 7, or 14 (EsViT W14: 14 in stages 1-3, 7 in stage 4)
     # ViT: "" timm/DINO trunc-normal 0.02 | moco: xavier per q/k/v
     weight_init: str = choice("", listed_in("scale.models.vit", "INIT_MODES"))

@@ -68,6 +68,7 @@ class ViT(VisionTransformer):
         final_norm: bool = True,
         bn_mlp: bool = False,
         weight_init: str = "",
+        layer_scale: float | None = None,
     ):
         _check_choice("model.pos_embed", pos_embed, POS_EMBEDS)
         _check_choice("model.pooling", pooling, POOLINGS)
@@ -92,6 +93,7 @@ class ViT(VisionTransformer):
             dynamic_img_size=True,
             drop_path_rate=drop_path,
             block_fn=BNMlpBlock if bn_mlp else Block,
+            init_values=layer_scale,  # timm's LayerScale: ls1.gamma / ls2.gamma, DINOv2's names
             weight_init="skip",
         )
         self.pos_embed_kind = pos_embed
@@ -218,6 +220,7 @@ def _vit_factory(size: str, bn_mlp: bool):
             final_norm=cfg.final_norm,
             bn_mlp=bn_mlp or cfg.bn_mlp,
             weight_init=cfg.weight_init,
+            layer_scale=cfg.layer_scale,
         )
 
     return build

@@ -196,3 +196,66 @@ def test_a_file_that_would_run_code_is_refused(tmp_path):
     torch.save({"student": {}, "teacher": {}, "args": Crafted()}, path)
     with pytest.raises(UserError, match="refused to load"):
         read_source(path)
+
+
+def test_a_drloc_checkpoint_with_its_yacs_config_loads_without_yacs_running(tmp_path, monkeypatch):
+    """main.py saves `config`, a yacs CfgNode (a dict subclass, nested): its values are read as data, yacs is never
+    imported, and a CfgNode that would run code is still refused."""
+    import sys
+    import types
+
+    class CfgNode(dict):  # pickled as yacs.config.CfgNode, as yacs's own class is
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.__dict__["__immutable__"] = True
+
+    yacs = types.ModuleType("yacs.config")
+    yacs.CfgNode = CfgNode
+    CfgNode.__module__, CfgNode.__qualname__ = "yacs.config", "CfgNode"
+    monkeypatch.setitem(sys.modules, "yacs", types.ModuleType("yacs"))
+    monkeypatch.setitem(sys.modules, "yacs.config", yacs)
+    backbone = {k: v for k, v in state(nets("demo/drloc_tiny", 1)["student"]).items() if k.startswith("backbone.")}
+    config = CfgNode({"MODEL": CfgNode({"TYPE": "swin", "DROP_PATH_RATE": 0.1}), "DATA": CfgNode({"IMG_SIZE": 224})})
+    path = tmp_path / "ckpt_epoch_299.pth"
+    torch.save({"model": {k[len("backbone.") :]: v for k, v in backbone.items()}, "config": config}, path)
+    monkeypatch.delitem(sys.modules, "yacs.config")  # the reader must not need it
+    monkeypatch.delitem(sys.modules, "yacs")
+    got = read_state_dict(path)
+    assert got.keys() == {k[len("backbone.") :] for k in backbone}
+    assert all(torch.equal(got[k[len("backbone.") :]], v) for k, v in backbone.items())
+    assert "yacs" not in sys.modules
+
+    class Crafted(CfgNode):
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    Crafted.__module__, Crafted.__qualname__ = "yacs.config", "CfgNode"
+    monkeypatch.setitem(sys.modules, "yacs.config", types.SimpleNamespace(CfgNode=Crafted))
+    torch.save({"model": {}, "config": Crafted()}, path)
+    monkeypatch.delitem(sys.modules, "yacs.config")
+    with pytest.raises(UserError, match="refused to load"):
+        read_source(path)
+
+
+def test_a_dinov2_backbone_with_layerscale_loads_into_a_vit_with_model_layer_scale(tmp_path):
+    """DINOv2's released backbones (dinov2_vits14_pretrain.pth): timm's names, LayerScale (`blocks.N.ls1.gamma`,
+    `ls2.gamma`) and a `mask_token`. With model.layer_scale the ViT has the same parameters and loads them strictly;
+    the mask token is left out, said so; without it the first LayerScale key is refused, saying what to set."""
+    with_ls = ["model.layer_scale=1e-5"]
+    source = nets("demo/dino_tiny", 1, with_ls)["teacher"].backbone
+    backbone = {**state(source), "mask_token": torch.randn(1, 64)}
+    assert "blocks.0.ls1.gamma" in backbone and "blocks.2.ls2.gamma" in backbone
+    for block in backbone:
+        if block.endswith(".gamma"):
+            backbone[block] = torch.rand_like(backbone[block])  # trained values, not the initial 1e-5
+    path = tmp_path / "dinov2_vits14_pretrain.pth"
+    torch.save(backbone, path)
+    assert read_source(path).dropped == {"mask_token": "iBOT's masked-patch token: scale has no masked-patch loss"}
+    fresh = nets("demo/dino_tiny", 2, with_ls)
+    load_init_weights(fresh, str(path), "backbone", sharded=False)
+    for net in fresh.values():
+        got = net.backbone.state_dict()
+        assert got.keys() == backbone.keys() - {"mask_token"}
+        assert all(torch.equal(got[k], backbone[k]) for k in got)
+    with pytest.raises(UserError, match=r"blocks.0.ls1.gamma \[64\] has no place .*set model.layer_scale"):
+        load_init_weights(nets("demo/dino_tiny", 2), str(path), "backbone", sharded=False)

@@ -19,10 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def run_dir(tmp_path):
-    """A run directory: the demo recipe's config.yaml, a sealed checkpoint whose teacher backbone is known, and a
-    k-NN result."""
-    cfg = load_recipe("demo/dino_tiny")
+def run_dir(tmp_path, request):
+    """A run directory: the demo recipe's config.yaml (with the overrides the test names), a sealed checkpoint whose
+    teacher backbone is known, and a k-NN result."""
+    cfg = load_recipe("demo/dino_tiny", getattr(request, "param", []))
     run = RunDir(tmp_path / "run").create()
     run.write_config(cfg)
     torch.manual_seed(3)
@@ -63,3 +63,12 @@ def test_export_refuses_a_backbone_timm_cannot_rebuild(tmp_path):
 
     with pytest.raises(UserError, match="not a plain ViT; export with --format safetensors"):
         export(run.root, "teacher-backbone", "timm", tmp_path / "export")
+
+
+@pytest.mark.parametrize("run_dir", [["model.layer_scale=1e-5"]], indirect=True)
+def test_a_vit_with_layer_scale_exports_for_timm(run_dir, tmp_path):
+    root, backbone = run_dir
+    assert "blocks.0.ls1.gamma" in backbone
+    out = export(root, "teacher-backbone", "timm", tmp_path / "export")
+    loaded = timm.create_model(f"local-dir:{out}", pretrained=True).state_dict()
+    assert loaded.keys() == backbone.keys() and all(torch.equal(loaded[k], v) for k, v in backbone.items())

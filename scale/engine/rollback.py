@@ -1,6 +1,7 @@
-"""Undo a checkpoint load that failed half-way: DCP loads into the live tensors (a state dict's tensors are the
-module's own), so a load that fails after some of them were read would leave the model part old, part new. A copy
-of every tensor it may write is taken first (on the CPU) and written back when the load fails."""
+"""Undo a checkpoint load that failed half-way: DCP and DeepSpeed load into the live tensors (a state dict's
+tensors are the module's own), so a load that fails after some of them were read would leave the model part old,
+part new. A copy of every tensor it may write is taken first (on the CPU) and written back when the load fails.
+In engine/ because both the checkpointer (DCP) and the DeepSpeed engine (its own load) use it."""
 
 import torch
 from torch.distributed.tensor import DTensor

@@ -1,0 +1,91 @@
+"""A DeepSpeed load that fails half-way (here: after DeepSpeed loaded the student and the optimizer, reading the
+teacher fails) is rolled back like a failed DCP load: no tensor of the failed checkpoint stays in the model, the
+fp32 masters or the optimizer, and the engine then loads another checkpoint normally (ZeRO-1 and ZeRO-3, 2 gloo
+ranks)."""
+
+import pytest
+import torch
+from engine_toy import build, engine_run, spawn
+
+pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
+pytest.importorskip("deepspeed")
+
+
+def state_of(engine) -> dict:
+    """Everything a load writes, as CPU copies: the full student and teacher, this rank's fp32 masters and
+    optimizer moments, DeepSpeed's step count."""
+    zero = engine.ds.optimizer
+    masters = getattr(zero, "single_partition_of_fp32_groups", None) or zero.fp32_partitioned_groups_flat
+    moments = [
+        {k: v.clone() for k, v in state.items() if torch.is_tensor(v)} for state in zero.optimizer.state.values()
+    ]
+    return {
+        "student": engine.export_state_dict("student"),
+        "teacher": engine.export_state_dict("teacher"),
+        "masters": [m.detach().clone() for m in masters],
+        "moments": moments,
+        "steps": engine.ds.global_steps,
+    }
+
+
+def failed_load_job(folder: str) -> dict:
+    out = {}
+    for stage in (1, 3):
+        engine_kw = {"kind": "deepspeed", "zero_stage": stage}
+        saved = engine_run(engine_kw, {}, steps=2, save_to=f"{folder}/z{stage}")
+        _, engine = build(engine_kw, {})
+        fresh = state_of(engine)
+
+        def unreadable_teacher(_folder):
+            raise RuntimeError("teacher file unreadable")
+
+        engine.load_teacher = unreadable_teacher
+        try:
+            engine.load_native(f"{folder}/z{stage}", 2)
+            error = None
+        except RuntimeError as err:
+            error = str(err)
+        rolled_back = state_of(engine)
+        del engine.load_teacher
+        engine.load_native(f"{folder}/z{stage}", 2)
+        out[stage] = {
+            "error": error,
+            "fresh": fresh,
+            "rolled_back": rolled_back,
+            "saved": saved,
+            "reloaded": state_of(engine),
+        }
+    return out
+
+
+def same(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if torch.is_tensor(a):
+        return torch.equal(a, b)
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ds_rollback")
+    return spawn(failed_load_job, str(tmp), world=2, tmp_path=tmp)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_failed_deepspeed_load_leaves_no_tensor_of_the_checkpoint(results, stage):
+    run = results[stage]
+    assert run["error"] == "teacher file unreadable"
+    assert not same(run["fresh"]["student"], run["saved"]["student"])  # the load had something to undo
+    assert same(run["rolled_back"], run["fresh"])
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_after_a_rollback_a_checkpoint_loads_normally(results, stage):
+    run = results[stage]
+    assert same(run["reloaded"]["student"], run["saved"]["student"])
+    assert same(run["reloaded"]["teacher"], run["saved"]["teacher"])
+    assert run["reloaded"]["steps"] == 2 and run["reloaded"]["moments"]
