@@ -29,6 +29,14 @@ class NonFiniteLoss(UserError):
     exit_code = 1
 
 
+def os_error(err: BaseException | None) -> OSError | None:
+    """The OSError behind `err`: itself, or what caused it or was being handled when it was raised (torch.save's
+    writer, for one, raises a RuntimeError while closing a file whose write failed with ENOSPC)."""
+    while err is not None and not isinstance(err, OSError):
+        err = err.__cause__ or err.__context__
+    return err
+
+
 def speaks_for_launch() -> bool:
     """Whether this process prints what every process of a launch finds alike: the process that spawns `--nproc`
     ranks, rank 0 under torchrun or srun, a process on its own."""

@@ -7,29 +7,43 @@ Points:
 - `preempt`: SIGUSR1 right after step STEP, as Slurm's preemption notice would send it (the demo interrupts itself
   this way at a known step: a signal sent from outside can arrive after a short run has already finished);
 - `disk_full`: the run directory's file system reports no free space when the checkpoint of STEP is about to be
-  written (STEP 0: at start-up), as a full disk would (scale/loop/diskspace.py).
+  written (STEP 0: at start-up), as a full disk would (scale/checkpoint/diskspace.py);
+- `disk_fills`, written `disk_fills@STEP:FILE`: the disk fills while the checkpoint of STEP is being written, at
+  FILE (a path inside the step's folder, e.g. `dcp/__1_0.distcp`, the DCP data of rank 1): FILE is made a link to
+  /dev/full, so whichever rank writes it gets the kernel's own ENOSPC from inside the real write path.
 Unset in normal runs: each check is one dict lookup.
 """
 
 import os
 import signal
+from pathlib import Path
 
 ENV = "SCALE_FAULT"
 SIGNALS = {"step": signal.SIGKILL, "save": signal.SIGKILL, "preempt": signal.SIGUSR1}
-POINTS = (*SIGNALS, "disk_full")
+POINTS = (*SIGNALS, "disk_full", "disk_fills")
+FULL_DEVICE = "/dev/full"  # every write to it fails with ENOSPC
 
 
-def spec(point: str, step: int) -> str:
+def spec(point: str, step: int, where: str | None = None) -> str:
     if point not in POINTS:
         raise ValueError(f"unknown fault point '{point}' (one of {', '.join(POINTS)})")
-    return f"{point}@{step}"
+    return f"{point}@{step}" + (f":{where}" if where else "")
 
 
 def active(point: str, step: int) -> bool:
     wanted = os.environ.get(ENV)
-    return bool(wanted) and wanted == spec(point, step)
+    return bool(wanted) and wanted.partition(":")[0] == spec(point, step)
 
 
 def maybe_inject(point: str, step: int) -> None:
     if active(point, step):
         os.kill(os.getpid(), SIGNALS[point])
+
+
+def maybe_fill_disk(folder: Path, step: int) -> None:
+    """`disk_fills@STEP:FILE`: make FILE inside `folder` (the step's staging folder) a link to /dev/full. One rank
+    calls it, before any rank writes."""
+    if active("disk_fills", step):
+        target = folder / os.environ[ENV].partition(":")[2]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(FULL_DEVICE)

@@ -6,10 +6,15 @@ DDP and FSDP2 go through torch.distributed.checkpoint (sharded files, loadable o
 writes its own files. Either way the step directory is sealed by CheckpointStore, so a kill mid-write is harmless.
 With train.async_save the write runs in the background and the directory is sealed as soon as it completes (a
 done-callback doing only file work on rank 0); the next save or close waits for that seal.
+
+A write that fails on any rank with an OSError (a full disk) stops every rank together: each rank notes its own
+failure instead of raising it mid-write (where the others would wait for it in a collective), the ranks agree after
+each phase (write, seal), and rank 0 removes the partial folder and says what failed (scale.checkpoint.diskspace).
 """
 
 import json
 import logging
+import shutil
 import threading
 import time
 from functools import partial
@@ -19,21 +24,45 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from scale.checkpoint import rng
+from scale.checkpoint.diskspace import weights_bytes, write_errors, write_failed
 from scale.checkpoint.fit import check_deepspeed_fits, check_fits
 from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
 from scale.checkpoint.steering import Steering, pending, record
-from scale.checkpoint.store import CheckpointStore, epochs_done, step_name, step_of
+from scale.checkpoint.store import CheckpointStore, epochs_done, file_sizes, step_name, step_of
 from scale.engine import rollback
 from scale.engine.parallel import ParallelContext
-from scale.errors import UserError
-from scale.faults import maybe_inject
+from scale.errors import UserError, os_error
+from scale.faults import maybe_fill_disk, maybe_inject
 
 log = logging.getLogger(__name__)
 MONITORS_FILE = "monitors.pt"
 COUNTERS_DIR = "data_counters"  # rankN.json: the loader's counters (data/samples, data/errors, the error budget)
+
+
+def write_torch(obj, path: Path) -> None:
+    """torch.save through a Python file: a full disk is then an OSError with its errno (torch's own file writer
+    raises a RuntimeError, 'unexpected pos')."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+class DcpWriter(FileSystemWriter):
+    """DCP's file writer, raising the OSError behind a failed write itself: DCP sends each rank's failure to every
+    rank pickled, which keeps an OSError's errno but drops the chain behind the RuntimeError that torch.save raises
+    on top of it ('unexpected pos', when the disk fills mid-file)."""
+
+    def write_data(self, plan, planner):
+        try:
+            return super().write_data(plan, planner)
+        except Exception as err:
+            found = os_error(err)
+            if found is None or found is err:
+                raise
+            raise found from None
 
 
 # what a rank found when it read its share of a checkpoint's files; the ranks agree on the worst
@@ -71,6 +100,7 @@ class Checkpointer:
         staging = self.store.staging_dir(step)
         if self.info.is_main:
             self.store.prepare(step)
+            maybe_fill_disk(staging, step)
         self._barrier()
         meta = {
             "epoch": epochs_done(step, self.loader.steps_per_epoch),  # as metrics.jsonl records it (scale status)
@@ -79,51 +109,62 @@ class Checkpointer:
             "recipe": self.cfg.meta.name,
             "samples_seen": self.loader.state_dict().get("position"),
         }
+        monitors = self.monitors.state_dict()  # a collective; then the same on every rank
+        failed = self._attempt(self._write_own, staging, monitors)
+        if self.cfg.train.async_save and not self.engine.native_checkpoint:
+            self._agree_written(step, failed)
+            self._save_async(step, staging, meta, started)
+            return
+        failed = self._attempt(self._write_engine, step, staging) or failed  # every rank takes part, whatever failed
+        self._agree_written(step, failed)
+        self._seal(step, meta, started)
+        self.last_save_stall_s = time.perf_counter() - started
+
+    def _write_own(self, staging: Path, monitors: dict) -> None:
+        """This rank's RNG and data counters (per rank: DCP keeps one rank's copy of a non-tensor item, and they
+        differ by rank); the monitors (the same on every rank) from rank 0."""
         (staging / "rng").mkdir(exist_ok=True)
-        torch.save(rng.capture(), staging / "rng" / f"rank{self.info.rank}.pt")
-        # per rank, like the RNG: DCP keeps one rank's copy of a non-tensor item, and the counters differ by rank
+        write_torch(rng.capture(), staging / "rng" / f"rank{self.info.rank}.pt")
         (staging / COUNTERS_DIR).mkdir(exist_ok=True)
         (staging / COUNTERS_DIR / f"rank{self.info.rank}.json").write_text(json.dumps(self.loader.counters()))
-        monitors = self.monitors.state_dict()  # a collective; then the same on every rank
         if self.info.is_main:
-            torch.save(monitors, staging / MONITORS_FILE)
+            write_torch(monitors, staging / MONITORS_FILE)
+
+    def _write_engine(self, step: int, staging: Path) -> None:
         if self.engine.native_checkpoint:
             self.engine.save_native(staging / "engine")
             if self.info.is_main:
-                torch.save(self._run_state(step), staging / "run_state.pt")
-            self._seal(step, meta, started)
-        elif self.cfg.train.async_save:
-            future = dcp.async_save(
-                {"engine": self.engine.state_dict(), "run": self._run_state(step)},
-                checkpoint_id=str(staging / "dcp"),
-                process_group=self._async_group,
-            )
-            self.last_save_stall_s = time.perf_counter() - started
-            sealed = threading.Event()
-            self._pending = (step, future, sealed)
-            future.add_done_callback(partial(self._seal_written, step, meta, started, self.last_save_stall_s, sealed))
-            return
+                write_torch(self._run_state(step), staging / "run_state.pt")
         else:
             dcp.save(
                 {"engine": self.engine.state_dict(), "run": self._run_state(step)},
-                checkpoint_id=str(staging / "dcp"),
+                storage_writer=DcpWriter(staging / "dcp"),
                 process_group=self.group,
             )
-            self._seal(step, meta, started)
+
+    def _save_async(self, step: int, staging: Path, meta: dict, started: float) -> None:
+        future = dcp.async_save(
+            {"engine": self.engine.state_dict(), "run": self._run_state(step)},
+            storage_writer=DcpWriter(staging / "dcp"),
+            process_group=self._async_group,
+        )
         self.last_save_stall_s = time.perf_counter() - started
+        sealed = threading.Event()
+        self._pending = (step, future, sealed)
+        future.add_done_callback(partial(self._seal_written, step, meta, started, self.last_save_stall_s, sealed))
 
     def wait(self) -> None:
-        """Wait for an async save still in flight and its seal; then every rank goes on together."""
+        """Wait for an async save still in flight and its seal; then every rank goes on together (or stops
+        together, when a rank's write or rank 0's seal failed)."""
         if self._pending is None:
             return
         step, future, sealed = self._pending
         self._pending = None
-        future.result()
-        sealed.wait()
-        error, self._seal_error = self._seal_error, None
-        if error is not None:
+        sealed.wait()  # set by the done-callback: the future is done too
+        error, self._seal_error = self._seal_error or future.exception(), None
+        if error is not None and not write_errors(error, self.info.rank):
             raise error
-        self._barrier()
+        self._agree_written(step, error)
 
     def _seal_written(self, step: int, meta: dict, started: float, stall_s: float, sealed, future) -> None:
         """Done-callback of an async save, on the thread that finished the write: seal it now, host work only (no
@@ -140,12 +181,43 @@ class Checkpointer:
             sealed.set()
 
     def _seal(self, step: int, meta: dict, started: float) -> None:
-        self._barrier()  # every rank's files are on disk
+        """After the ranks agreed that every file is on disk."""
         maybe_inject("save", step)
+        failed = None
         if self.info.is_main:
             total_s = time.perf_counter() - started
-            self._commit(step, meta, total_s, total_s)
-        self._barrier()
+            failed = self._attempt(self._commit, step, meta, total_s, total_s)
+        self._agree_written(step, failed)
+
+    def _attempt(self, write, *args) -> BaseException | None:
+        """Run this rank's part of a write; a failure of the file system is returned (for _agree_written), any
+        other raised."""
+        try:
+            write(*args)
+        except (Exception, CheckpointException) as err:  # CheckpointException is no Exception subclass
+            if not write_errors(err, self.info.rank):
+                raise
+            return err
+        return None
+
+    def _agree_written(self, step: int, error: BaseException | None) -> None:
+        """Collective (it is also the barrier after a write phase): when any rank's write failed, every rank stops
+        (exit 2; rank 0 removes the step's partial folder and says what failed, once)."""
+        if not self._worst(int(error is not None)):
+            return
+        failures = write_errors(error, self.info.rank) if error is not None else []
+        if dist.is_initialized():
+            every = [None] * dist.get_world_size(self.group)
+            dist.all_gather_object(every, failures, group=self.group)
+            failures = [failure for found in every for failure in found]
+        if self.info.is_main:
+            staging = self.store.staging_dir(step)
+            written = sum(file_sizes(staging).values()) if staging.is_dir() else 0
+            shutil.rmtree(staging, ignore_errors=True)
+            first = weights_bytes(self.method.student, self.method.teacher)
+            run_dir = self.store.root.parent  # checkpoints/ is a folder of the run directory (scale.loop.rundir)
+            raise UserError(write_failed(self.store.root, run_dir, step, failures, written, first))
+        raise SystemExit(UserError.exit_code)  # rank 0 says why
 
     def _commit(self, step: int, meta: dict, save_s: float, stall_s: float) -> None:
         final = self.store.commit(step, meta)

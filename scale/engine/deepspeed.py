@@ -41,6 +41,7 @@ from scale.engine.base import Engine
 from scale.engine.ds_internals import (
     client_optimizer,
     convert_to_universal,
+    deferred_write_errors,
     fp32_master_partitions,
     hp_fragment,
     lp_grad_fragment,
@@ -355,12 +356,23 @@ class DeepSpeedEngine(Engine):
 
     # --- checkpoints (DeepSpeed's format; same world size)
     def save_native(self, folder) -> None:
+        """Collective. A file this rank cannot write (a full disk) raises its OSError only after DeepSpeed's own
+        collectives are done, so that the ranks can agree to stop (scale.checkpoint.checkpointer); the caller's
+        agreement is also the barrier after the writes."""
         folder = Path(folder)
-        # universal_checkpoint_info keeps DeepSpeed's ds_to_universal conversion (other world sizes) possible
-        self.ds.save_checkpoint(str(folder), tag=CHECKPOINT_TAG, client_state={"universal_checkpoint_info": {}})
+        with deferred_write_errors(self.ds) as failed:
+            # universal_checkpoint_info keeps DeepSpeed's ds_to_universal conversion (other world sizes) possible;
+            # no `latest` file: the loads name the tag
+            self.ds.save_checkpoint(
+                str(folder),
+                tag=CHECKPOINT_TAG,
+                client_state={"universal_checkpoint_info": {}},
+                save_latest=False,
+            )
+        if failed:
+            raise failed[0]
         if self.method.teacher is not None:
             self.save_teacher(folder)
-        dist.barrier()
 
     def load_native(self, folder, saved_world_size: int, optimizer: bool = True) -> None:
         """On the saving world size, DeepSpeed's own load; on another (ZeRO-1/2), through its universal checkpoint
@@ -447,10 +459,10 @@ class DeepSpeedEngine(Engine):
         return module.state_dict()
 
     def save_teacher(self, folder: Path) -> None:
-        if self.stage == 3:
-            torch.save(self.teacher_state(), folder / f"teacher_rank{self.dist_info.rank}.pt")
-        elif self.dist_info.is_main:
-            torch.save(self.teacher_state(), folder / "teacher.pt")
+        name = f"teacher_rank{self.dist_info.rank}.pt" if self.stage == 3 else "teacher.pt"
+        if self.stage == 3 or self.dist_info.is_main:
+            with open(folder / name, "wb") as f:  # a full disk: an OSError (torch.save's own writer: a RuntimeError)
+                torch.save(self.teacher_state(), f)
 
     def load_teacher(self, folder: Path) -> None:
         name = f"teacher_rank{self.dist_info.rank}.pt" if self.stage == 3 else "teacher.pt"

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from scale.engine.params import nbytes
+from scale.errors import os_error
 
 DS_VERSION = "0.19.8"
 
@@ -106,3 +107,51 @@ def convert_to_universal(input_folder: Path, output_folder: Path) -> None:
             **UNIVERSAL_ARGS,
         )
     )
+
+
+@contextlib.contextmanager
+def deferred_write_errors(ds):
+    """DeepSpeed's save_checkpoint writes its files between collectives of its own (a barrier after them), so a
+    rank whose write raises leaves the others waiting in that barrier. Inside this context a write that fails for
+    an OSError (a full disk) is recorded in the list it yields instead of raised: the caller raises it once
+    DeepSpeed's collectives are done. The two ways DeepSpeed writes a checkpoint's files (0.19.8, `save_latest` off):
+    `DeepSpeedEngine.checkpoint_engine.save(state_dict, path)` (TorchCheckpointEngine: torch.save, which takes a
+    file object too: written through a Python file, a full disk is an OSError with its errno, not only torch's
+    'unexpected pos' RuntimeError) and `DeepSpeedEngine._copy_recovery_script(save_path)` (rank 0 copies DeepSpeed's
+    zero_to_fp32.py beside the ZeRO files)."""
+    errors: list[Exception] = []
+    writer = ds.checkpoint_engine
+    save = writer.save
+
+    def save_through_file(state_dict, path):
+        with open(path, "wb") as f:
+            save(state_dict, f)
+
+    with (
+        _recording(writer, "save", save_through_file, errors),
+        _recording(ds, "_copy_recovery_script", ds._copy_recovery_script, errors),
+    ):
+        yield errors
+
+
+@contextlib.contextmanager
+def _recording(owner, name: str, function, errors: list):
+    """`owner.name` is `function`, whose failures caused by an OSError are appended to `errors`, not raised."""
+
+    def recorded(*args, **kwargs):
+        try:
+            function(*args, **kwargs)
+        except Exception as err:
+            if os_error(err) is None:
+                raise
+            errors.append(err)
+
+    own = vars(owner).get(name)  # normally none: the class's method
+    setattr(owner, name, recorded)
+    try:
+        yield
+    finally:
+        if own is None:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, own)

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from scale.checkpoint import Checkpointer, CheckpointStore
+from scale.checkpoint.diskspace import check_before_save, check_start, weights_bytes
 from scale.checkpoint.init import check_init_weights
 from scale.checkpoint.store import epochs_done
 from scale.config import load_recipe
@@ -21,7 +22,6 @@ from scale.engine.parallel import ParallelContext, init_parallel
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.faults import maybe_inject
 from scale.launch.local import LAUNCH_MARK, already_launched, spawn
-from scale.loop.diskspace import check_before_save, check_start, weights_bytes
 from scale.loop.preemption import Preemption
 from scale.loop.progress import progress_bar
 from scale.loop.resume import check_resumable

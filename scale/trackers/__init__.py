@@ -4,11 +4,13 @@ only. Each tracker's run id is kept in <run>/trackers.json with the last step it
 appends to the same tracker run and a step logged before a crash and logged again after the resume (from an
 older checkpoint) is sent once. README 'Tracking runs'."""
 
+import errno
 import importlib
 import importlib.util
 import json
 import logging
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -122,10 +124,14 @@ class Trackers:
             branch(self.state, branch_at)
         self.sinks = open_sinks(cfg, root, self.state)
         self.replayed = False
+        self.disk_full = False  # warned once
 
     def log(self, step: int, record: dict) -> None:
-        if not self.enabled:
-            return
+        if self.enabled:
+            with self._disk_full_tolerated(f"the metrics of step {step}"):
+                self._log(step, record)
+
+    def _log(self, step: int, record: dict) -> None:
         self.jsonl.log(step, record)
         if step <= self.state.last_step:
             if not self.replayed:
@@ -140,9 +146,23 @@ class Trackers:
 
     def close(self) -> None:
         if self.enabled:
-            self.jsonl.close()
+            with self._disk_full_tolerated("the last metrics"):
+                self.jsonl.close()
             for sink in self.sinks.values():
                 sink.close()
+
+    @contextmanager
+    def _disk_full_tolerated(self, what: str):
+        """A full disk loses metrics lines, never the run: the next checkpoint checks the free space and stops the
+        run cleanly (scale.checkpoint.diskspace), and a resumed run logs the steps after that checkpoint again."""
+        try:
+            yield
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            if not self.disk_full:
+                log.warning("trackers: %s not written (%s); the next checkpoint checks the free space", what, err)
+            self.disk_full = True
 
 
 def attach_artifacts(root: Path, paths: list[Path]) -> None:

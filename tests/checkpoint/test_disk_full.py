@@ -1,12 +1,15 @@
 """A full disk is a clear stop: the run stops before the checkpoint that would not fit, exit 2 and one message
 naming the run directory, the space needed and the newest intact checkpoint; a start-up without room for the next
 checkpoint is refused the same way; with space back, the run continues from that checkpoint as if never stopped.
-The full disk is simulated (SCALE_FAULT=disk_full@STEP: no free space reported at that step, 0 = start-up)."""
+The full disk before a save is simulated (SCALE_FAULT=disk_full@STEP: no free space reported at that step, 0 =
+start-up); a disk that fills during the write is real to the writer (SCALE_FAULT=disk_fills@STEP:FILE makes FILE a
+link to /dev/full, so the kernel answers ENOSPC to whichever rank writes it, inside DCP's, DeepSpeed's or our own
+writer)."""
 
 import pytest
 
 from scale.faults import spec
-from tests.checkpoint.runs import OVERRIDES, assert_same_state, final_state
+from tests.checkpoint.runs import COMMON, OVERRIDES, assert_same_state, final_state
 from tests.helpers_run import run_train
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
@@ -45,8 +48,52 @@ def test_weights_bytes_counts_every_parameter_and_buffer():
     import torch
     from torch import nn
 
-    from scale.loop.diskspace import weights_bytes
+    from scale.checkpoint.diskspace import weights_bytes
 
     net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))  # 16 + 8 parameters, 4 + 4 + 1 buffer values
     assert weights_bytes(net, None) == (16 + 8 + 8) * 4 + 8  # num_batches_tracked is int64
     assert weights_bytes(nn.Linear(2, 2, dtype=torch.float64)) == 6 * 8
+
+
+FOUR = COMMON + ["train.max_steps=4"]  # checkpoints at 2 and 4
+DS_ZERO1 = ["engine.kind=deepspeed", "engine.zero_stage=1"]
+
+
+@pytest.mark.parametrize(
+    "extra,step,where,rank",
+    [
+        ([], 4, "rng/rank1.pt", 1),  # our own file, on rank 1 only, before DCP's collectives
+        ([], 4, "meta.json.tmp", 0),  # rank 0's seal, after every rank's files are written
+        (["engine.kind=fsdp2", "train.async_save=true"], 2, "dcp/__0_0.distcp", 0),  # found by the next save
+        (DS_ZERO1, 4, "engine/state/zero_pp_rank_1_mp_rank_00_optim_states.pt", 1),  # inside DeepSpeed's save
+        (DS_ZERO1, 4, "engine/teacher.pt", 0),
+    ],
+    ids=["own-file-rank1", "seal-rank0", "fsdp2-async-dcp-rank0", "deepspeed-optim-rank1", "deepspeed-teacher"],
+)
+def test_a_disk_that_fills_during_the_write_stops_every_rank_once(embedded_data, tmp_path, extra, step, where, rank):
+    """Whichever rank's write fails, wherever: every rank stops (no rank waits for it in a collective), exit 2, one
+    message naming the step, the rank and the error, the partial folder removed, the previous checkpoint intact."""
+    stopped = run_train(embedded_data, tmp_path, FOUR + extra, fault=spec("disk_fills", step, where))
+    err = stopped.stderr
+    assert stopped.returncode == 2, err[-3000:]
+    assert err.count("scale: error:") == 1 and "Traceback" not in err, err[-3000:]
+    said = f"run directory {tmp_path}: disk full while writing the checkpoint of step {step} (rank {rank}: No space"
+    assert said in err, err[-3000:]
+    newest = tmp_path / "checkpoints" / "step_000000002" if step == 4 else "none"
+    assert f"The newest intact checkpoint is {newest};" in err, err[-3000:]
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*")), "the partial folder is left"
+    assert not (tmp_path / "checkpoints" / f"step_{step:09d}").exists()
+
+
+def test_after_a_disk_filled_in_dcps_write_the_run_continues_from_the_checkpoint_before(
+    embedded_data, reference, tmp_path
+):
+    """DCP gathers every rank's write error: the ranks stop together; with space back, the same command continues
+    from the previous checkpoint as if never stopped."""
+    stopped = run_train(embedded_data, tmp_path, OVERRIDES, fault=spec("disk_fills", 4, "dcp/__1_0.distcp"))
+    assert stopped.returncode == 2, stopped.stderr[-3000:]
+    assert "disk full while writing the checkpoint of step 4 (rank 1: No space left on device)" in stopped.stderr
+    resumed = run_train(embedded_data, tmp_path, OVERRIDES)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step_000000002 at step 2" in resumed.stderr
+    assert_same_state(final_state(reference), final_state(tmp_path))

@@ -252,6 +252,7 @@ def engine_run(
         engine.ema(method.ema_momentum(ctx))
     if save_to and engine.native_checkpoint:
         engine.save_native(save_to)
+        dist.barrier()  # every rank's files written (the checkpointer's agreement, in a run)
     elif save_to:
         dcp.save(engine.state_dict(), checkpoint_id=save_to)
     return {

@@ -4,6 +4,7 @@ internal can be driven without a process group it is (the ZeRO-1/2 fragment mapp
 otherwise the test reads DeepSpeed's source for the attribute or argument the function uses."""
 
 import argparse
+import errno
 import inspect
 import re
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ import torch
 
 from scale.engine import ds_internals
 from scale.engine.deepspeed import import_deepspeed
+from scale.errors import os_error
 
 pytest.importorskip("deepspeed")
 deepspeed = import_deepspeed(torch.device("cpu"))
@@ -124,3 +126,57 @@ def test_ds_to_universal_reads_only_the_arguments_we_pass(monkeypatch):
     missing = sorted(read - set(passed))
     relies_on(not missing, f"ds_to_universal's arguments (now also reads {', '.join(missing)})", "convert_to_universal")
     assert isinstance(argparse.Namespace(**passed), argparse.Namespace) and passed["input_folder"] == "in"
+
+
+def test_deepspeeds_checkpoint_files_are_written_by_the_two_functions_we_wrap(tmp_path):
+    """deferred_write_errors replaces `checkpoint_engine.save` and `_copy_recovery_script`: the functions that
+    save_checkpoint calls to write a checkpoint's files must write through nothing else, and
+    TorchCheckpointEngine.save must accept a file object for its path."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    user = "deferred_write_errors"
+    for writer in ("_save_checkpoint", "_save_zero_checkpoint"):
+        text = source(getattr(DeepSpeedEngine, writer))
+        relies_on("self.checkpoint_engine.save(" in text, f"DeepSpeedEngine.{writer}'s checkpoint_engine.save", user)
+        other = re.findall(r"\b(open|torch\.save|copyfile|copytree|write_text)\(", text)
+        relies_on(not other, f"DeepSpeedEngine.{writer} writing only through checkpoint_engine ({other})", user)
+    relies_on("self._copy_recovery_script(" in source(DeepSpeedEngine._save_zero_checkpoint), "recovery", user)
+    relies_on("self.checkpoint_engine = " in source(DeepSpeedEngine), "DeepSpeedEngine.checkpoint_engine", user)
+    copied = []
+    ds = SimpleNamespace(checkpoint_engine=TorchCheckpointEngine(), _copy_recovery_script=copied.append)
+    ds.checkpoint_engine.zipfile_serialization = True  # as a run's config sets it
+    with ds_internals.deferred_write_errors(ds) as errors:
+        ds.checkpoint_engine.save({"w": torch.ones(2)}, str(tmp_path / "kept.pt"))
+        (tmp_path / "full.pt").symlink_to("/dev/full")  # every write to it fails with ENOSPC
+        # past the file's buffer: the write's OSError, then torch's RuntimeError closing the zip file
+        ds.checkpoint_engine.save({"w": torch.ones(1_000_000)}, str(tmp_path / "full.pt"))
+    assert torch.equal(torch.load(tmp_path / "kept.pt")["w"], torch.ones(2))
+    assert [os_error(err).errno for err in errors] == [errno.ENOSPC]  # recorded, not raised
+    assert "save" not in vars(ds.checkpoint_engine)  # the class's own method again
+    assert ds._copy_recovery_script == copied.append
+
+
+def test_a_write_that_fails_for_want_of_space_is_recorded_whatever_torch_raises_on_top(monkeypatch, tmp_path):
+    """On a file system that fills mid-file (a tmpfs run directory), torch.save's zip writer meets the OSError
+    and raises its own RuntimeError ('unexpected pos') while closing: that is a full disk too. Any other error is
+    raised at once."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    def torch_save_on_a_filling_disk(state_dict, path, **_):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 641088 vs 641008")  # noqa: B904 (as torch: implicit context)
+
+    def copy_to_a_full_disk(save_path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", torch_save_on_a_filling_disk)
+    ds = SimpleNamespace(checkpoint_engine=TorchCheckpointEngine(), _copy_recovery_script=copy_to_a_full_disk)
+    with ds_internals.deferred_write_errors(ds) as errors:
+        ds.checkpoint_engine.save({}, str(tmp_path / "a.pt"))
+        ds._copy_recovery_script(str(tmp_path))
+    assert [os_error(err).errno for err in errors] == [errno.ENOSPC, errno.ENOSPC]
+    monkeypatch.setattr(torch, "save", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError), ds_internals.deferred_write_errors(ds):
+        ds.checkpoint_engine.save({}, str(tmp_path / "b.pt"))

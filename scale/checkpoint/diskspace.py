@@ -3,16 +3,22 @@ has saved one) the free space of the run directory is compared with the size of 
 (checkpoints/saves.jsonl). When it is short, the run stops before writing anything (exit 2, one message naming the
 run directory, the space needed and the newest intact checkpoint, which stays loadable); a start-up with too little
 space is refused the same way. A fresh run's first checkpoint is compared with the size of its model's weights
-(student and teacher, as saved: a lower bound, so that a refusal is never a false alarm)."""
+(student and teacher, as saved: a lower bound, so that a refusal is never a false alarm).
 
+A disk that fills while a checkpoint is being written (or any write that fails with an OSError) is the same clear
+stop: the ranks agree (scale.checkpoint.checkpointer), rank 0 removes the step's partial folder and says what
+failed, on which rank, and the space the checkpoint needs (write_failed)."""
+
+import errno
 import json
 import shutil
 from pathlib import Path
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from scale.checkpoint.store import CheckpointStore
-from scale.errors import ConfigError
+from scale.errors import ConfigError, os_error
 from scale.faults import active
 
 
@@ -53,6 +59,52 @@ def shortage(checkpoints: Path, root: Path, step: int, first: int | None = None)
         f"{_size(free)} is free. The newest intact checkpoint is {newest}; free some space (or lower "
         f"train.keep_last) and run the same command again to continue from it"
     )
+
+
+def write_errors(err: BaseException, rank: int) -> list[tuple[int, OSError]]:
+    """The OSErrors behind a failed write, with the rank that hit each (DCP gathers every rank's into its
+    CheckpointException); [] when the failure is not the file system's."""
+    if isinstance(err, CheckpointException):
+        found = [(r, os_error(failure[0])) for r, failure in err.failures.items()]
+        return [(r, e) for r, e in found if e is not None]
+    found = os_error(err)
+    return [] if found is None else [(rank, found)]
+
+
+def write_failed(
+    checkpoints: Path, root: Path, step: int, failures: list[tuple[int, OSError]], written: int, first: int
+) -> str:
+    """What rank 0 says when the ranks stopped because writing the checkpoint of `step` failed; `failures`: every
+    rank's (rank, error), `written`: the bytes on disk when it failed, `first`: the least a first checkpoint takes."""
+    ranks: dict[str, list[int]] = {}
+    for rank, err in failures:
+        ranks.setdefault(f"{err.strerror or err}{_file(err)}", []).append(rank)
+    what = "; ".join(f"{_ranks(sorted(set(r)))}: {text}" for text, r in sorted(ranks.items()))
+    found = CheckpointStore(checkpoints).candidates()
+    newest = f"The newest intact checkpoint is {found[0] if found else 'none'}"
+    if not any(err.errno in (errno.ENOSPC, errno.EDQUOT) for _, err in failures):
+        return f"run directory {root}: writing the checkpoint of step {step} failed ({what}). {newest}"
+    last = expected_bytes(checkpoints)
+    if last is not None:
+        need = f"about {_size(last)} (the last one's size)"
+    elif written > first:
+        need = f"more than {_size(written)} (written before the disk filled)"
+    else:
+        need = f"at least {_size(first)} (the model's weights)"
+    free = shutil.disk_usage(checkpoints).free
+    return (
+        f"run directory {root}: disk full while writing the checkpoint of step {step} ({what}); its partial files "
+        f"are removed. It needs {need}, {_size(free)} is free. {newest}; free some space (or lower "
+        f"train.keep_last) and run the same command again to continue from it"
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def _file(err: OSError) -> str:
+    return f": {err.filename}" if err.filename else ""
 
 
 def check_start(checkpoints: Path, root: Path) -> None:
