@@ -402,14 +402,18 @@ class DeepSpeedEngine(Engine):
 
     def _snapshot(self) -> tuple:
         """CPU copies of what a load writes into: the weights and buffers this rank holds, the fp32 masters, the
-        teacher; the inner optimizer's state and groups (its load replaces them; ZeRO-3's appends to their
-        `params` lists); DeepSpeed's step counters."""
+        teacher. References to what it replaces, which costs no memory: the inner optimizer's state tensors (each
+        of DeepSpeed 0.19.8's loads of the checkpoints it writes here puts new tensors in the state: torch's
+        Optimizer.load_state_dict, stage3's universal load, and the ZeRO-1/2 universal load's
+        map_to_flat_opt_states; only the ZeRO-1/2 load of an elastic_checkpoint-format file, which this engine
+        never writes, copies into them), and its groups (replaced; ZeRO-3's load appends to their `params`
+        lists); DeepSpeed's step counters."""
         masters = fp32_master_partitions(self.ds.optimizer, self.stage)
         live = [self.held(self.ds.module), list(self.ds.module.buffers()), list(masters)]
         if self.method.teacher is not None:
             live.append(self.teacher_state())
         inner = client_optimizer(self.ds.optimizer)
-        state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for p, s in inner.state.items()}
+        state = {p: dict(s) for p, s in inner.state.items()}  # the loads set keys of these dicts: shallow copies
         counters = {name: getattr(self.ds, name) for name in COUNTERS}
         settings = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in inner.param_groups]
         return rollback.snapshot(live), inner.param_groups, settings, state, counters
