@@ -383,22 +383,29 @@ class DeepSpeedEngine(Engine):
             raise
 
     def _load(self, folder: Path, elastic: bool, optimizer: bool) -> None:
-        groups = client_optimizer(self.ds.optimizer).param_groups
-        before = [dict(group) for group in groups]
+        before = [dict(group) for group in client_optimizer(self.ds.optimizer).param_groups]
         source = universal_folder(folder) if elastic else folder
         with universal_load(self.ds, elastic):
             path, _ = self.ds.load_checkpoint(
                 str(source), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer, load_lr_scheduler_states=optimizer
             )
-        for group, kept in zip(groups, before):  # a load copies the saved groups' settings (ZeRO-3's universal
-            group.clear()  # load: the first group's onto all); ours come from the recipe
-            group.update(kept)
+        self._keep_settings(before)
         if path is None:
             raise UserError(f"{folder}: no DeepSpeed checkpoint (tag '{CHECKPOINT_TAG}') found")
         if elastic:
             self._load_student_buffers(folder)
         if self.method.teacher is not None:
             self.load_teacher(folder)
+
+    def _keep_settings(self, before: list[dict]) -> None:
+        """The recipe's optimizer settings (betas, eps, momentum... may change on resume) over the ones a load
+        copied from the checkpoint: torch's Optimizer.load_state_dict puts new group dicts in place (ZeRO-1/2 and
+        ZeRO-3 on the saving world size), the universal loads write into ours (ZeRO-3's: the first group's onto
+        all). Each group keeps the parameters the load left it."""
+        for group, kept in zip(client_optimizer(self.ds.optimizer).param_groups, before):
+            params = group["params"]
+            group.clear()
+            group.update(kept, params=params)
 
     def _snapshot(self) -> tuple:
         """CPU copies of what a load writes into: the weights and buffers this rank holds, the fp32 masters, the
