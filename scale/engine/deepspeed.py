@@ -59,7 +59,7 @@ from scale.engine.torch_engine import broadcast_module
 from scale.errors import UserError
 from scale.extras import require
 from scale.methods.base import Method
-from scale.optim import build_optimizer, param_groups
+from scale.optim import build_optimizer, keep_settings, param_groups, settings
 
 DS_OPTIMIZERS = ("adamw", "sgd")
 CHECKPOINT_TAG = "state"
@@ -383,29 +383,20 @@ class DeepSpeedEngine(Engine):
             raise
 
     def _load(self, folder: Path, elastic: bool, optimizer: bool) -> None:
-        before = [dict(group) for group in client_optimizer(self.ds.optimizer).param_groups]
+        recipe = settings(client_optimizer(self.ds.optimizer))
         source = universal_folder(folder) if elastic else folder
         with universal_load(self.ds, elastic):
             path, _ = self.ds.load_checkpoint(
                 str(source), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer, load_lr_scheduler_states=optimizer
             )
-        self._keep_settings(before)
+        # the load copied the saved groups' settings (ZeRO-3's universal load: the first group's onto all)
+        keep_settings(client_optimizer(self.ds.optimizer), recipe)
         if path is None:
             raise UserError(f"{folder}: no DeepSpeed checkpoint (tag '{CHECKPOINT_TAG}') found")
         if elastic:
             self._load_student_buffers(folder)
         if self.method.teacher is not None:
             self.load_teacher(folder)
-
-    def _keep_settings(self, before: list[dict]) -> None:
-        """The recipe's optimizer settings (betas, eps, momentum... may change on resume) over the ones a load
-        copied from the checkpoint: torch's Optimizer.load_state_dict puts new group dicts in place (ZeRO-1/2 and
-        ZeRO-3 on the saving world size), the universal loads write into ours (ZeRO-3's: the first group's onto
-        all). Each group keeps the parameters the load left it."""
-        for group, kept in zip(client_optimizer(self.ds.optimizer).param_groups, before):
-            params = group["params"]
-            group.clear()
-            group.update(kept, params=params)
 
     def _snapshot(self) -> tuple:
         """CPU copies of what a load writes into: the weights and buffers this rank holds, the fp32 masters, the
@@ -422,16 +413,16 @@ class DeepSpeedEngine(Engine):
         inner = client_optimizer(self.ds.optimizer)
         state = {p: dict(s) for p, s in inner.state.items()}  # the loads set keys of these dicts: shallow copies
         counters = {name: getattr(self.ds, name) for name in COUNTERS}
-        settings = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in inner.param_groups]
-        return rollback.snapshot(live), inner.param_groups, settings, state, counters
+        kept = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in inner.param_groups]
+        return rollback.snapshot(live), inner.param_groups, kept, state, counters
 
     def _restore(self, saved: tuple) -> None:
-        tensors, groups, settings, state, counters = saved
+        tensors, groups, kept_groups, state, counters = saved
         rollback.restore(tensors)
         inner = client_optimizer(self.ds.optimizer)
         inner.state = defaultdict(dict, state)
         inner.param_groups = groups
-        for group, kept in zip(groups, settings):
+        for group, kept in zip(groups, kept_groups):
             group.clear()
             group.update(kept)
         for name, value in counters.items():
