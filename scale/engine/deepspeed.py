@@ -400,12 +400,10 @@ class DeepSpeedEngine(Engine):
 
     def _snapshot(self) -> tuple:
         """CPU copies of what a load writes into: the weights and buffers this rank holds, the fp32 masters, the
-        teacher. References to what it replaces, which costs no memory: the inner optimizer's state tensors (each
-        of DeepSpeed 0.19.8's loads of the checkpoints it writes here puts new tensors in the state: torch's
-        Optimizer.load_state_dict, stage3's universal load, and the ZeRO-1/2 universal load's
-        map_to_flat_opt_states; only the ZeRO-1/2 load of an elastic_checkpoint-format file, which this engine
-        never writes, copies into them), and its groups (replaced; ZeRO-3's load appends to their `params`
-        lists); DeepSpeed's step counters."""
+        teacher. The inner optimizer's state tensors and groups by reference, which costs no memory: every load of
+        the checkpoints this engine writes puts new ones in place (torch's Optimizer.load_state_dict, the universal
+        loads' new buffers; only DeepSpeed's ZeRO-1/2 load of an `elastic_checkpoint` file, which it never writes,
+        copies into them), and ZeRO-3's load appends to the groups' `params` lists. DeepSpeed's step counters."""
         masters = fp32_master_partitions(self.ds.optimizer, self.stage)
         live = [self.held(self.ds.module), list(self.ds.module.buffers()), list(masters)]
         if self.method.teacher is not None:
