@@ -43,6 +43,25 @@ def apply_schedule(groups: list[dict], lr: float, weight_decay: float) -> None:
         group["weight_decay"] = weight_decay * group.get("wd_scale", 1.0)
 
 
+# what a group holds that comes from the checkpoint on resume: its parameters, and timm LAMB's step count
+LOADED_GROUP_KEYS = ("params", "step")
+
+
+def settings(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Each group's settings as the recipe made them, to put back after a checkpoint load (`keep_settings`)."""
+    return [{k: v for k, v in group.items() if k not in LOADED_GROUP_KEYS} for group in optimizer.param_groups]
+
+
+def keep_settings(optimizer: torch.optim.Optimizer, recipe: list[dict]) -> None:
+    """The recipe's group settings (`settings` before the load) over the saved ones a load copied in: the optim
+    fields (betas, eps, momentum...) may change on resume. torch's load_state_dict puts new group dicts in place,
+    so this writes into the optimizer's groups as they are after the load."""
+    for group, kept in zip(optimizer.param_groups, recipe):
+        loaded = {k: group[k] for k in LOADED_GROUP_KEYS if k in group}
+        group.clear()
+        group.update(kept, **loaded)
+
+
 def apex_available() -> bool:
     # `pip install apex` installs an unrelated web toolkit: look for NVIDIA apex's optimizers, not the name
     try:

@@ -73,14 +73,15 @@ def refuse(folder, problem: str | None, main: bool = True) -> None:
 def check_deepspeed_fits(engine, folder, is_main: bool) -> None:
     """The same for a DeepSpeed engine's own files in `folder` (DeepSpeed's load would fail half-way); nothing is
     loaded. ZeRO-1/2: every weight and buffer of the model states file and teacher.pt; ZeRO-3: the parameter shapes
-    DeepSpeed records against each parameter's `ds_shape`."""
+    DeepSpeed records against each parameter's `ds_shape`. The files are mapped, not read (`mmap`): only
+    DeepSpeed's load reads the weights again."""
     from scale.checkpoint.safe_load import load_torch  # the files were read as data before (check_files)
     from scale.engine.deepspeed import CHECKPOINT_TAG
 
     states = sorted((folder / CHECKPOINT_TAG).glob("*model_states.pt"))
     if not states:
         return  # DeepSpeed's load says there is no checkpoint
-    saved_states = load_torch(states[0])
+    saved_states = load_torch(states[0], mmap=True)  # shapes only: the weights are never read
     module = engine.ds.module
     if engine.stage == 3:
         recorded = saved_states["param_shapes"] + [saved_states.get("frozen_param_shapes") or {}]
@@ -90,7 +91,7 @@ def check_deepspeed_fits(engine, folder, is_main: bool) -> None:
         saved = {f"engine.student.{k}": tuple(v.shape) for k, v in saved_states["module"].items()}
         wanted = {f"engine.student.{k}": tuple(v.shape) for k, v in module.state_dict().items()}
         if engine.method.teacher is not None and (folder / "teacher.pt").is_file():
-            teacher = load_torch(folder / "teacher.pt")
+            teacher = load_torch(folder / "teacher.pt", mmap=True)
             saved |= {f"engine.teacher.{k}": tuple(v.shape) for k, v in teacher.items()}
             wanted |= {f"engine.teacher.{k}": tuple(v.shape) for k, v in engine.teacher_state().items()}
     refuse(folder.parent, misfit(wanted, saved, ("engine.student.", "engine.teacher.")), is_main)

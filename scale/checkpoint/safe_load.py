@@ -99,20 +99,22 @@ def read_dcp_metadata(path: Path) -> Metadata:
     return metadata
 
 
-def load_torch(path: Path | io.BytesIO, name: str | Path | None = None, map_location="cpu"):
+def load_torch(path: Path | io.BytesIO, name: str | Path | None = None, map_location="cpu", mmap: bool = False):
     """torch.load with weights_only (DeepSpeed's types allowed where a file names them): UnsafeCheckpoint when
-    the file names other code, DamagedFile when it is not a torch file."""
+    the file names other code, DamagedFile when it is not a torch file. `mmap` (a file path): the tensors map the
+    file instead of being read, so reading only their shapes reads only the pickle and the zip directory."""
     name = name or path
+    kw = {"map_location": map_location, "weights_only": True, "mmap": mmap}
     try:
         try:
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, **kw)
         except pickle.UnpicklingError as err:
             if "deepspeed." not in str(err):
                 raise
             if isinstance(path, io.BytesIO):
                 path.seek(0)
             with torch.serialization.safe_globals(_deepspeed_globals()):  # imports DeepSpeed only when named
-                return torch.load(path, map_location=map_location, weights_only=True)
+                return torch.load(path, **kw)
     except pickle.UnpicklingError as err:
         if "GLOBAL" in str(err):  # a named function or class that is not allowed, e.g. os.system
             raise UnsafeCheckpoint(f"{name}: refused to load: it holds objects that are not checkpoint data") from None

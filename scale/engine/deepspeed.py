@@ -60,7 +60,7 @@ from scale.engine.torch_engine import broadcast_module
 from scale.errors import UserError
 from scale.extras import require
 from scale.methods.base import Method
-from scale.optim import build_optimizer, param_groups
+from scale.optim import build_optimizer, keep_settings, param_groups, settings
 
 DS_OPTIMIZERS = ("adamw", "sgd")
 CHECKPOINT_TAG = "state"
@@ -395,16 +395,14 @@ class DeepSpeedEngine(Engine):
             raise
 
     def _load(self, folder: Path, elastic: bool, optimizer: bool) -> None:
-        groups = client_optimizer(self.ds.optimizer).param_groups
-        before = [dict(group) for group in groups]
+        recipe = settings(client_optimizer(self.ds.optimizer))
         source = universal_folder(folder) if elastic else folder
         with universal_load(self.ds, elastic):
             path, _ = self.ds.load_checkpoint(
                 str(source), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer, load_lr_scheduler_states=optimizer
             )
-        for group, kept in zip(groups, before):  # a load copies the saved groups' settings (ZeRO-3's universal
-            group.clear()  # load: the first group's onto all); ours come from the recipe
-            group.update(kept)
+        # the load copied the saved groups' settings (ZeRO-3's universal load: the first group's onto all)
+        keep_settings(client_optimizer(self.ds.optimizer), recipe)
         if path is None:
             raise UserError(f"{folder}: no DeepSpeed checkpoint (tag '{CHECKPOINT_TAG}') found")
         if elastic:
@@ -414,25 +412,27 @@ class DeepSpeedEngine(Engine):
 
     def _snapshot(self) -> tuple:
         """CPU copies of what a load writes into: the weights and buffers this rank holds, the fp32 masters, the
-        teacher; the inner optimizer's state and groups (its load replaces them; ZeRO-3's appends to their
-        `params` lists); DeepSpeed's step counters."""
+        teacher. The inner optimizer's state tensors and groups by reference, which costs no memory: every load of
+        the checkpoints this engine writes puts new ones in place (torch's Optimizer.load_state_dict, the universal
+        loads' new buffers; only DeepSpeed's ZeRO-1/2 load of an `elastic_checkpoint` file, which it never writes,
+        copies into them), and ZeRO-3's load appends to the groups' `params` lists. DeepSpeed's step counters."""
         masters = fp32_master_partitions(self.ds.optimizer, self.stage)
         live = [self.held(self.ds.module), list(self.ds.module.buffers()), list(masters)]
         if self.method.teacher is not None:
             live.append(self.teacher_state())
         inner = client_optimizer(self.ds.optimizer)
-        state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for p, s in inner.state.items()}
+        state = {p: dict(s) for p, s in inner.state.items()}  # the loads set keys of these dicts: shallow copies
         counters = {name: getattr(self.ds, name) for name in COUNTERS}
-        settings = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in inner.param_groups]
-        return rollback.snapshot(live), inner.param_groups, settings, state, counters
+        kept = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in inner.param_groups]
+        return rollback.snapshot(live), inner.param_groups, kept, state, counters
 
     def _restore(self, saved: tuple) -> None:
-        tensors, groups, settings, state, counters = saved
+        tensors, groups, kept_groups, state, counters = saved
         rollback.restore(tensors)
         inner = client_optimizer(self.ds.optimizer)
         inner.state = defaultdict(dict, state)
         inner.param_groups = groups
-        for group, kept in zip(groups, settings):
+        for group, kept in zip(groups, kept_groups):
             group.clear()
             group.update(kept)
         for name, value in counters.items():

@@ -25,7 +25,7 @@ from scale.engine.parallelize import parallelize
 from scale.engine.params import named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.methods.base import Method
-from scale.optim import build_optimizer, init_state, param_groups
+from scale.optim import build_optimizer, init_state, keep_settings, param_groups, settings
 
 
 def broadcast_module(module: nn.Module, group: dist.ProcessGroup | None) -> None:
@@ -156,14 +156,17 @@ class TorchEngine(Engine):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Without "optimizer" (train.reset=[optimizer]) the optimizer keeps its fresh state."""
+        """Without "optimizer" (train.reset=[optimizer]) the optimizer keeps its fresh state; with it, its moments
+        come from the checkpoint and its settings (betas, eps...) from this run's recipe."""
         if "optimizer" in state:
+            recipe = settings(self.optimizer)
             set_state_dict(
                 self.method.student,
                 self.optimizer,
                 model_state_dict=state["student"],
                 optim_state_dict=state["optimizer"],
             )
+            keep_settings(self.optimizer, recipe)
         else:
             set_model_state_dict(self.method.student, state["student"])
         if self.method.teacher is not None:

@@ -1,11 +1,12 @@
 """A DeepSpeed load that fails half-way (here: after DeepSpeed loaded the student and the optimizer, reading the
 teacher fails) is rolled back like a failed DCP load: no tensor of the failed checkpoint stays in the model, the
 fp32 masters or the optimizer, and the engine then loads another checkpoint normally (ZeRO-1 and ZeRO-3, 2 gloo
-ranks)."""
+ranks). The snapshot holds the optimizer's moments by reference (DeepSpeed's load replaces them): no second
+copy on the device."""
 
 import pytest
 import torch
-from engine_toy import build, engine_run, spawn
+from engine_toy import FROZEN_STEPS, build, context, engine_run, make_batch, shard_batch, spawn
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
@@ -29,13 +30,35 @@ def state_of(engine) -> dict:
     }
 
 
+def one_step(method, engine) -> None:
+    rank, world = engine.dist_info.rank, engine.dist_info.world_size
+    loss, _ = method.loss(shard_batch(make_batch(0), rank, world), context(FROZEN_STEPS))
+    engine.backward(loss)
+    engine.step()
+
+
+def optimizer_state_not_copied(engine) -> list[bool]:
+    """Per tensor of the inner optimizer's state in the rollback's snapshot: True when it is the live tensor
+    itself or a copy off the device (a second device copy of the moments would need their memory twice)."""
+    live = engine.ds.optimizer.optimizer.state
+    kept = engine._snapshot()[3]
+    return [
+        value is live[param][key] or (value.device.type == "cpu" and live[param][key].device.type != "cpu")
+        for param, state in kept.items()
+        for key, value in state.items()
+        if torch.is_tensor(value)
+    ]
+
+
 def failed_load_job(folder: str) -> dict:
     out = {}
     for stage in (1, 3):
         engine_kw = {"kind": "deepspeed", "zero_stage": stage}
         saved = engine_run(engine_kw, {}, steps=2, save_to=f"{folder}/z{stage}")
-        _, engine = build(engine_kw, {})
+        method, engine = build(engine_kw, {})
+        one_step(method, engine)  # moments to roll back to
         fresh = state_of(engine)
+        no_device_copy = optimizer_state_not_copied(engine)
 
         def unreadable_teacher(_folder):
             raise RuntimeError("teacher file unreadable")
@@ -55,6 +78,7 @@ def failed_load_job(folder: str) -> dict:
             "rolled_back": rolled_back,
             "saved": saved,
             "reloaded": state_of(engine),
+            "no_device_copy": no_device_copy,
         }
     return out
 
@@ -80,6 +104,7 @@ def test_a_failed_deepspeed_load_leaves_no_tensor_of_the_checkpoint(results, sta
     run = results[stage]
     assert run["error"] == "teacher file unreadable"
     assert not same(run["fresh"]["student"], run["saved"]["student"])  # the load had something to undo
+    assert run["fresh"]["moments"] and not same(run["fresh"]["moments"], run["reloaded"]["moments"])
     assert same(run["rolled_back"], run["fresh"])
 
 
@@ -89,3 +114,9 @@ def test_after_a_rollback_a_checkpoint_loads_normally(results, stage):
     assert same(run["reloaded"]["student"], run["saved"]["student"])
     assert same(run["reloaded"]["teacher"], run["saved"]["teacher"])
     assert run["reloaded"]["steps"] == 2 and run["reloaded"]["moments"]
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_the_rollback_keeps_no_device_copy_of_the_optimizer_state(results, stage):
+    kept = results[stage]["no_device_copy"]
+    assert kept and all(kept)

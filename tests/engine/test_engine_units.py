@@ -21,7 +21,7 @@ from scale.engine.precision import resolve_precision
 from scale.errors import UserError
 from scale.models.config import ModelConfig
 from scale.models.registry import build_backbone
-from scale.optim import apply_schedule, build_optimizer, init_state, param_groups
+from scale.optim import apply_schedule, build_optimizer, init_state, keep_settings, param_groups, settings
 
 CPU = torch.device("cpu")
 
@@ -67,6 +67,28 @@ def test_eager_state_then_step_equals_lazy_first_step(name):
                 p.grad = torch.randn_like(p)
             opt.step()
     torch.testing.assert_close(nets[1].state_dict(), nets[0].state_dict(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd", "lars", "lamb"])
+def test_a_loaded_optimizer_keeps_the_recipes_settings_and_the_saved_counts(name):
+    """keep_settings after load_state_dict: the resumed recipe's betas, eps, momentum; the checkpoint's group step
+    count (timm's LAMB keeps it in the group) and the optimizer's own parameters."""
+    nets = [ToyMethod().student for _ in range(2)]
+    saved_cfg, new_cfg = optim_config(name=name), optim_config(name=name, betas=[0.8, 0.99], eps=1e-6, momentum=0.5)
+    saved, resumed = (
+        build_optimizer(param_groups(net.named_parameters(), cfg), cfg, CPU)
+        for net, cfg in zip(nets, (saved_cfg, new_cfg))
+    )
+    for p in nets[0].parameters():
+        p.grad = torch.ones_like(p)
+    saved.step()
+    recipe = settings(resumed)
+    resumed.load_state_dict(saved.state_dict())
+    assert settings(resumed) != recipe  # what the load copied from the checkpoint
+    keep_settings(resumed, recipe)
+    assert settings(resumed) == recipe
+    assert {id(p) for g in resumed.param_groups for p in g["params"]} == {id(p) for p in nets[1].parameters()}
+    assert [g.get("step") for g in resumed.param_groups] == [g.get("step") for g in saved.param_groups]
 
 
 def test_lamb_does_not_clip_on_its_own():
