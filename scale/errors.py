@@ -1,5 +1,6 @@
 """Errors that are the user's to fix: the CLI prints them without a traceback and exits with status 2."""
 
+import errno
 import os
 import sys
 
@@ -35,6 +36,11 @@ def os_error(err: BaseException | None) -> OSError | None:
     while err is not None and not isinstance(err, OSError):
         err = err.__cause__ or err.__context__
     return err
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """No space left, or the user's quota used up (clusters' scratch file systems)."""
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def speaks_for_launch() -> bool:

@@ -9,16 +9,17 @@ A disk that fills while a checkpoint is being written (or any write that fails w
 stop: the ranks agree (scale.checkpoint.checkpointer), rank 0 removes the step's partial folder and says what
 failed, on which rank, and the space the checkpoint needs (write_failed)."""
 
-import errno
 import json
+import logging
 import shutil
+import threading
 from pathlib import Path
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from scale.checkpoint.store import CheckpointStore
-from scale.errors import ConfigError, os_error
+from scale.errors import ConfigError, is_disk_full, os_error
 from scale.faults import active
 
 
@@ -82,7 +83,7 @@ def write_failed(
     what = "; ".join(f"{_ranks(sorted(set(r)))}: {text}" for text, r in sorted(ranks.items()))
     found = CheckpointStore(checkpoints).candidates()
     newest = f"The newest intact checkpoint is {found[0] if found else 'none'}"
-    if not any(err.errno in (errno.ENOSPC, errno.EDQUOT) for _, err in failures):
+    if not any(is_disk_full(err) for _, err in failures):
         return f"run directory {root}: writing the checkpoint of step {step} failed ({what}). {newest}"
     last = expected_bytes(checkpoints)
     if last is not None:
@@ -105,6 +106,21 @@ def _ranks(ranks: list[int]) -> str:
 
 def _file(err: OSError) -> str:
     return f": {err.filename}" if err.filename else ""
+
+
+def quiet_full_disk_in_threads() -> None:
+    """A library's writer thread that dies of a full disk (TensorBoard's event writer, while an async checkpoint
+    fills the disk) logs one warning instead of a traceback: the checkpoint's own check stops the run, cleanly."""
+    default = threading.excepthook
+
+    def hook(args) -> None:
+        if is_disk_full(args.exc_value):
+            thread = args.thread.name if args.thread else "a thread"
+            logging.getLogger(__name__).warning("%s stopped writing: %s", thread, args.exc_value)
+        else:
+            default(args)
+
+    threading.excepthook = hook
 
 
 def check_start(checkpoints: Path, root: Path) -> None:

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from scale.checkpoint import Checkpointer, CheckpointStore
-from scale.checkpoint.diskspace import check_before_save, check_start, weights_bytes
+from scale.checkpoint.diskspace import check_before_save, check_start, quiet_full_disk_in_threads, weights_bytes
 from scale.checkpoint.init import check_init_weights
 from scale.checkpoint.store import epochs_done
 from scale.config import load_recipe
@@ -59,6 +59,7 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
         with RunLock(run.root) as lock:  # the ranks inherit it
             fds = () if lock.fd is None else (lock.fd,)
             return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root), *flags], pass_fds=fds)
+    quiet_full_disk_in_threads()
     try:
         context, device = init_parallel(cfg.engine.shard_size)
         with hold_run_lock(run.root, context.dp_group, inherited=LAUNCH_MARK in os.environ):
@@ -240,6 +241,7 @@ class Trainer:
 
     def save(self, step: int) -> None:
         """A checkpoint, once the disk has room for it: else every rank stops, before anything is written."""
+        self.checkpointer.wait()  # an async save still writing: the space it takes, or its failure, first
         first = weights_bytes(self.method.student, self.method.teacher)
         check_before_save(self.run.checkpoints, self.run.root, step, self.info.is_main, self.info.dp_group, first)
         self.checkpointer.save(step)

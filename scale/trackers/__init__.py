@@ -4,7 +4,6 @@ only. Each tracker's run id is kept in <run>/trackers.json with the last step it
 appends to the same tracker run and a step logged before a crash and logged again after the resume (from an
 older checkpoint) is sent once. README 'Tracking runs'."""
 
-import errno
 import importlib
 import importlib.util
 import json
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from scale.errors import ConfigError
+from scale.errors import ConfigError, is_disk_full
 from scale.trackers.jsonl import JsonlSink
 
 log = logging.getLogger(__name__)
@@ -146,10 +145,9 @@ class Trackers:
 
     def close(self) -> None:
         if self.enabled:
-            with self._disk_full_tolerated("the last metrics"):
-                self.jsonl.close()
-            for sink in self.sinks.values():
-                sink.close()
+            for sink in (self.jsonl, *self.sinks.values()):
+                with self._disk_full_tolerated("the last metrics"):
+                    sink.close()
 
     @contextmanager
     def _disk_full_tolerated(self, what: str):
@@ -158,7 +156,7 @@ class Trackers:
         try:
             yield
         except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if not is_disk_full(err):
                 raise
             if not self.disk_full:
                 log.warning("trackers: %s not written (%s); the next checkpoint checks the free space", what, err)

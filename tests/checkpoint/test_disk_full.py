@@ -6,6 +6,8 @@ start-up); a disk that fills during the write is real to the writer (SCALE_FAULT
 link to /dev/full, so the kernel answers ENOSPC to whichever rank writes it, inside DCP's, DeepSpeed's or our own
 writer)."""
 
+import subprocess
+
 import pytest
 
 from scale.faults import spec
@@ -97,3 +99,35 @@ def test_after_a_disk_filled_in_dcps_write_the_run_continues_from_the_checkpoint
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step_000000002 at step 2" in resumed.stderr
     assert_same_state(final_state(reference), final_state(tmp_path))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 2600 KB file system (tmpfs): the tiny run's first checkpoint (about 3.8 MB) passes the check before
+    the save (its weights take 1.3 MB) and fills the disk mid-write. Mounting needs root with CAP_SYS_ADMIN (this
+    machine and CI have it); elsewhere the test skips, and the /dev/full tests above still run."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2600k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["engine.kind=ddp"], ["engine.kind=fsdp2", "train.async_save=true"], DS_ZERO1],
+    ids=["ddp", "fsdp2-async", "deepspeed-zero1"],
+)
+def test_a_real_file_system_filling_up_mid_checkpoint_stops_the_run_cleanly(embedded_data, small_disk, extra):
+    """Every writer at once meets ENOSPC (DCP's, DeepSpeed's with torch's RuntimeError on top, ours, the metrics'),
+    as on a cluster's full scratch disk."""
+    run_dir = small_disk / "run"
+    stopped = run_train(embedded_data, run_dir, FOUR + extra)
+    err = stopped.stderr
+    assert stopped.returncode == 2, err[-3000:]
+    assert err.count("scale: error:") == 1 and "Traceback" not in err, err[-3000:]
+    assert f"run directory {run_dir}: disk full while writing the checkpoint of step 2 (" in err, err[-3000:]
+    assert "The newest intact checkpoint is none;" in err, err[-3000:]
+    assert not list((run_dir / "checkpoints").iterdir()), "the partial folder is left"

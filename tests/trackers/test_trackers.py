@@ -3,6 +3,7 @@ once; a run reopened in the same run directory (a requeue) appends to the same W
 send again the steps it sent before; the recipe, its sources and the git commit are the run's config; artifacts
 attach at the end; a tracker whose package is missing is a ConfigError naming the extra."""
 
+import errno
 import importlib.util
 import json
 
@@ -142,3 +143,56 @@ def test_a_rollback_continues_in_a_new_tracker_run_and_keeps_the_old_one(tmp_pat
     assert sorted(steps.values()) == [[1, 2, 3, 4, 5], [3, 4]]
     assert [30.0, 40.0] == [value for step, value in histories if value >= 10]
     assert json.loads((tmp_path / "trackers.json").read_text())["last_step"] == 4
+
+
+def test_a_full_disk_drops_metrics_lines_with_one_warning_and_never_stops_the_run(tmp_path, monkeypatch, caplog):
+    """The next checkpoint's own check stops the run cleanly (tests/checkpoint/test_disk_full.py); the metrics
+    writers must not stop it first with a traceback. Any other OSError is still raised."""
+    trackers = Trackers(load_recipe("demo/dino_tiny", ["train.trackers=[tensorboard]"]), tmp_path, enabled=True)
+    trackers.log(1, {"loss": 1.0})
+
+    def full(step, record):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trackers.jsonl, "log", full)
+    monkeypatch.setattr(trackers.jsonl, "close", lambda: full(0, {}))
+    with caplog.at_level("WARNING", logger="scale.trackers"):
+        trackers.log(2, {"loss": 0.5})
+        trackers.log(3, {"loss": 0.3})
+        trackers.close()  # the TensorBoard sink still closes after the JSON lines' close failed
+    warned = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
+    assert warned == [
+        "trackers: the metrics of step 2 not written ([Errno 28] No space left on device); the next "
+        "checkpoint checks the free space"
+    ]
+    assert tensorboard_steps(tmp_path) == [1]
+
+    def denied(step, record):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(trackers.jsonl, "log", denied)
+    with pytest.raises(PermissionError):
+        trackers.log(4, {"loss": 0.1})
+
+
+def test_a_writer_thread_that_dies_of_a_full_disk_logs_one_line_not_a_traceback(monkeypatch, caplog):
+    import threading
+
+    from scale.checkpoint.diskspace import quiet_full_disk_in_threads
+
+    reported = []  # what Python's own hook (a traceback on stderr) would have printed
+    monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_value))
+    quiet_full_disk_in_threads()
+
+    def dies_of(err):
+        thread = threading.Thread(target=lambda: (_ for _ in ()).throw(err), name="event-writer")
+        thread.start()
+        thread.join()
+
+    with caplog.at_level("WARNING"):
+        dies_of(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert [r.getMessage() for r in caplog.records] == ["event-writer stopped writing: [Errno 122] Disk quota exceeded"]
+    assert reported == []
+    bug = ValueError("a bug")
+    dies_of(bug)  # anything else: Python's own report, traceback and all
+    assert reported == [bug]
