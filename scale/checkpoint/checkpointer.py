@@ -98,10 +98,8 @@ class Checkpointer:
         started = time.perf_counter()
         self.wait()
         staging = self.store.staging_dir(step)
-        if self.info.is_main:
-            self.store.prepare(step)
-            maybe_fill_disk(staging, step)
-        self._barrier()
+        prepared = self._attempt(self._prepare, step) if self.info.is_main else None
+        self._agree_written(step, prepared)  # also the barrier: the staging folder exists
         meta = {
             "epoch": epochs_done(step, self.loader.steps_per_epoch),  # as metrics.jsonl records it (scale status)
             "engine": self.cfg.engine.kind,
@@ -119,6 +117,9 @@ class Checkpointer:
         self._agree_written(step, failed)
         self._seal(step, meta, started)
         self.last_save_stall_s = time.perf_counter() - started
+
+    def _prepare(self, step: int) -> None:
+        maybe_fill_disk(self.store.prepare(step), step)
 
     def _write_own(self, staging: Path, monitors: dict) -> None:
         """This rank's RNG and data counters (per rank: DCP keeps one rank's copy of a non-tensor item, and they
