@@ -39,9 +39,9 @@ $(OLDEST_STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/scale demo
 
-# the full suite: what CI runs
+# the full suite: what CI runs (with the 25 slowest tests listed, to keep an eye on its time)
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # the unit tier for inner loops: everything but the tests marked slow (multi-process, end-to-end, Slurm, demo)
 test-fast: $(STAMP)
