@@ -22,6 +22,8 @@ from scale.checkpoint.store import CheckpointStore
 from scale.errors import ConfigError, is_disk_full, os_error
 from scale.faults import active
 
+FREE_SOME_SPACE = "free some space (or lower train.keep_last) and run the same command again to continue from it"
+
 
 def expected_bytes(checkpoints: Path) -> int | None:
     """The size of the last sealed checkpoint, which the next one will match; None before the first."""
@@ -53,12 +55,9 @@ def shortage(checkpoints: Path, root: Path, step: int, first: int | None = None)
     free = free_bytes(checkpoints, step)
     if free >= need:
         return None
-    found = CheckpointStore(checkpoints).candidates()
-    newest = str(found[0]) if found else "none"
     return (
         f"run directory {root}: disk full: the next checkpoint needs about {_size(need)} ({basis}), "
-        f"{_size(free)} is free. The newest intact checkpoint is {newest}; free some space (or lower "
-        f"train.keep_last) and run the same command again to continue from it"
+        f"{_size(free)} is free. {_newest(checkpoints)}; {FREE_SOME_SPACE}"
     )
 
 
@@ -81,10 +80,8 @@ def write_failed(
     for rank, err in failures:
         ranks.setdefault(f"{err.strerror or err}{_file(err)}", []).append(rank)
     what = "; ".join(f"{_ranks(sorted(set(r)))}: {text}" for text, r in sorted(ranks.items()))
-    found = CheckpointStore(checkpoints).candidates()
-    newest = f"The newest intact checkpoint is {found[0] if found else 'none'}"
     if not any(is_disk_full(err) for _, err in failures):
-        return f"run directory {root}: writing the checkpoint of step {step} failed ({what}). {newest}"
+        return f"run directory {root}: writing the checkpoint of step {step} failed ({what}). {_newest(checkpoints)}"
     last = expected_bytes(checkpoints)
     if last is not None:
         need = f"about {_size(last)} (the last one's size)"
@@ -95,9 +92,13 @@ def write_failed(
     free = shutil.disk_usage(checkpoints).free
     return (
         f"run directory {root}: disk full while writing the checkpoint of step {step} ({what}); its partial files "
-        f"are removed. It needs {need}, {_size(free)} is free. {newest}; free some space (or lower "
-        f"train.keep_last) and run the same command again to continue from it"
+        f"are removed. It needs {need}, {_size(free)} is free. {_newest(checkpoints)}; {FREE_SOME_SPACE}"
     )
+
+
+def _newest(checkpoints: Path) -> str:
+    found = CheckpointStore(checkpoints).candidates()
+    return f"The newest intact checkpoint is {found[0] if found else 'none'}"
 
 
 def _ranks(ranks: list[int]) -> str:
