@@ -1,4 +1,4 @@
-"""scale recipes list|show|check"""
+"""scale recipes list|show|check|explain"""
 
 import json
 import tempfile
@@ -40,6 +40,11 @@ def register(sub) -> None:
     check.add_argument("--smoke-dir", help="where smoke runs go (default: a temporary directory)")
     check.add_argument("--json", action="store_true", help="print JSON for machines")
     check.set_defaults(func=cmd_check)
+    explain = rsub.add_parser(
+        "explain", help="what a recipe key means: its description, type, default, allowed values and resume rule"
+    )
+    explain.add_argument("key", help="a dotted key, e.g. train.epochs; a section (e.g. optim) lists its keys")
+    explain.set_defaults(func=cmd_explain)
 
 
 def summary(path) -> dict:
@@ -224,3 +229,33 @@ def cmd_check(args) -> int:
         for r in failed:
             print(f"FAIL {r['name']}: {r['message'] or r.get('smoke')}")
     return 1 if failed else 0
+
+
+def cmd_explain(args) -> int:
+    """One key from the schema (scale/config/describe.py); a section prefix lists the keys under it."""
+    import difflib
+
+    from scale.config.describe import describe_all
+    from scale.errors import UserError
+
+    infos = describe_all()
+    one = [i for i in infos if i.key == args.key]
+    under = [i for i in infos if i.key.startswith(args.key.rstrip(".") + ".")]
+    if not one and not under:
+        close = difflib.get_close_matches(args.key, [i.key for i in infos], n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `scale recipes explain SECTION` lists a section"
+        raise UserError(f"no recipe key '{args.key}'{hint}")
+    for info in one or under:
+        print(info.key)
+        print(f"  {info.description or '(no description)'}")
+        print(f"  type: {info.type}   default: {json.dumps(info.default)}")
+        print(f"  allowed: {info.allowed or 'any ' + info.type}   on resume: {RESUME_WORDS[info.resume]}")
+    return 0
+
+
+# the resume rules (scale/config/fields.py) as `explain` and the reference page say them
+RESUME_WORDS = {
+    "free": "may change",
+    "noted": "may change; the resumed run logs the change",
+    "fixed": "must stay as saved (a resume with another value is refused)",
+}

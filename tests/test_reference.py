@@ -1,0 +1,23 @@
+"""The generated reference pages under docs/reference/ are what the code generates now (scale/reference.py)."""
+
+from pathlib import Path
+
+from scale.reference import pages
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def test_generated_pages_are_up_to_date():
+    stale = [rel for rel, text in pages().items() if (DOCS / rel).read_text(encoding="utf-8") != text]
+    assert not stale, f"out of date: {', '.join(stale)}; run `python -m scale.reference` and commit the pages"
+
+
+def test_pages_cover_every_command_and_key():
+    from scale.cli import build_parser, command_parsers
+    from scale.config.describe import describe_all
+
+    text = pages()
+    for words in command_parsers(build_parser()):
+        assert f"`{' '.join(('scale', *words))}`" in text["reference/cli.md"]
+    for info in describe_all(resolve_choices=False):
+        assert f"| `{info.key}` |" in text["reference/recipe-keys.md"]
