@@ -13,7 +13,7 @@ OLDEST_BIN := $(OLDEST_VENV)/bin
 OLDEST_STAMP := $(OLDEST_VENV)/.installed
 OLDEST_TORCH := torch==2.11.0 torchvision==0.26.0
 
-.PHONY: demo test test-fast test-oldest test-wheel test-gpu bench-gpu device-wheels lint venv venv-oldest clean
+.PHONY: demo docs test test-fast test-oldest test-wheel test-gpu bench-gpu device-wheels lint venv venv-oldest clean
 
 venv: $(STAMP)
 
@@ -77,6 +77,12 @@ bench-gpu: $(STAMP)
 # .whl/ for tools/device-check there (README: "Running on a GPU node")
 device-wheels: $(STAMP)
 	PY=$(BIN)/python tools/device-wheels
+
+# the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link, anchor or included file fails.
+# The docs extra (mkdocs, mkdocs-material) is installed on first use. Reference pages: python -m scale.reference
+docs: $(STAMP)
+	$(BIN)/python -c "import mkdocs, material" 2>/dev/null || $(BIN)/pip install --quiet -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -37,12 +37,20 @@ def cli_page() -> str:
         out = [HEADER, "# Commands\n\n", "Every `scale` command and option, as `scale COMMAND --help` prints them.\n"]
         for words in command_parsers(root):
             out.append(_command_section(_parser_at(root, words), words, _help_of(root, words)))
+            if words == ("bench",):  # each benchmark parses its own arguments
+                out += [_command_section(make(), (*words, name), "") for name, make in bench_parsers().items()]
     finally:
         if saved is None:
             del os.environ["COLUMNS"]
         else:
             os.environ["COLUMNS"] = saved
     return "".join(out)
+
+
+def bench_parsers() -> dict:
+    from scale.commands.bench import PARSERS
+
+    return PARSERS
 
 
 def _parser_at(root: argparse.ArgumentParser, words: tuple[str, ...]) -> argparse.ArgumentParser:

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from scale.reference import pages
+from scale.reference import bench_parsers, pages
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -19,5 +19,9 @@ def test_pages_cover_every_command_and_key():
     text = pages()
     for words in command_parsers(build_parser()):
         assert f"`{' '.join(('scale', *words))}`" in text["reference/cli.md"]
+    for name, make in bench_parsers().items():
+        options = [o for action in make()._actions for o in action.option_strings if o not in ("-h", "--help")]
+        section = text["reference/cli.md"].split(f"### `scale bench {name}`\n")[1].split("\n#")[0]
+        assert options and all(f"`{o}`" in section for o in options), name
     for info in describe_all(resolve_choices=False):
         assert f"| `{info.key}` |" in text["reference/recipe-keys.md"]

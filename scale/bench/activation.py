@@ -76,7 +76,8 @@ def format_rows(rows: list[dict], batches) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
+    """`scale bench ac`'s options (also read by the documentation's command reference)."""
     parser = argparse.ArgumentParser(prog="scale bench ac", description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
@@ -90,7 +91,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=2, help="timed steps per setting and round")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--json", help="also write the rows to this JSON file")
-    args = parser.parse_intermixed_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_intermixed_args(argv)
     from scale.config import load_recipe  # after parsing: `--help` and usage errors import no torch
     from scale.engine.dist import shutdown
     from scale.errors import UserError

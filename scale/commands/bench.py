@@ -198,7 +198,7 @@ def bench_ac(argv: list[str]) -> int:
     return main(argv)
 
 
-def bench_ckpt(argv: list[str]) -> int:
+def _ckpt_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scale bench ckpt", description="checkpoint size, save time and training stall: sync vs async"
     )
@@ -207,7 +207,11 @@ def bench_ckpt(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=12, help="training steps per run")
     parser.add_argument("--every", type=int, default=3, help="checkpoint every this many steps")
     parser.add_argument("--nproc", type=process_count, default=2, help="local processes (CPU: gloo)")
-    args = parser.parse_intermixed_args(argv)
+    return parser
+
+
+def bench_ckpt(argv: list[str]) -> int:
+    args = _ckpt_parser().parse_intermixed_args(argv)
     from scale.bench.checkpoint import measure, table
 
     print(table(measure(args.recipe, args.overrides, args.steps, args.every, args.nproc)))
@@ -215,6 +219,16 @@ def bench_ckpt(argv: list[str]) -> int:
 
 
 BENCHES = {"data": bench_data, "table": bench_table, "ckpt": bench_ckpt, "ac": bench_ac}
+
+
+def _ac_parser() -> argparse.ArgumentParser:
+    from scale.bench.activation import parser
+
+    return parser()
+
+
+# each benchmark's own parser (the command reference lists their options; "RECIPE": `scale bench RECIPE`)
+PARSERS = {"RECIPE": _train_parser, "data": _data_parser, "table": table_parser, "ckpt": _ckpt_parser, "ac": _ac_parser}
 
 
 def register(sub) -> None:
