@@ -69,7 +69,7 @@ def parse(argv: list[str]) -> None:
         load_recipe(args.recipe, getattr(args, "overrides", None) or [])
 
 
-@pytest.mark.parametrize("where, mode, command", marked(), ids=lambda v: v if " " not in v else None)
+@pytest.mark.parametrize("where, mode, command", [pytest.param(*m, id=m[0]) for m in marked()])
 def test_marked_command(where, mode, command, tmp_path, monkeypatch):
     words = shlex.split(command)
     if words[:1] == ["srun"]:  # srun's own options, then the command
