@@ -82,7 +82,8 @@ def _comments(cls: type) -> dict[str, str]:
             above.insert(0, by_line[line][0])
             line -= 1
         beside = [by_line[n][0] for n in range(stmt.lineno, stmt.end_lineno + 1) if n in by_line]
-        text = " ".join(part for part in above + beside if part)
+        # a comment above may head a group of fields: "; " sets it off from the comment beside the field
+        text = "; ".join(part for part in (" ".join(above), " ".join(beside)) if part)
         if text:
             found[stmt.target.id] = text
     return found

@@ -14,28 +14,38 @@ from scale.watch.config import CollapseConfig, ProbeConfig
 
 @dataclass
 class MetaConfig:
+    # the row's display name (reports, trackers); empty: the recipe's name, e.g. dino/table2/vit_s16
     name: str = ""
     paper: str = ""  # dino | mocov3 | esvit | drloc | scale
+    # the paper's table or figure, e.g. table2 (`scale recipes list --table`)
     table: str = ""
+    # the row of that table as the paper names it, e.g. ViT-S/16
     row: str = ""
     devices: int = at_least(8, 1)  # device count the paper's row assumes
     reported: dict[str, Any] = field(default_factory=dict)  # the paper's numbers for this row
+    # free text; a line `missing: ...` makes `scale recipes check` fail, naming the part not built yet
     notes: str = ""
 
 
 @dataclass
 class TrainConfig:
+    # length of the training in epochs (the lr, weight decay, momentum and temperature schedules span them)
     epochs: int = at_least(100, 1, resume=NOTED)  # extending a run stretches its schedules from here on
+    # images per optimizer step, over all ranks
     global_batch: int = at_least(1024, 1, resume=FIXED)  # the loader's saved position counts its steps
     # None: the train manifest's sample count. Fixed: the saved position, epoch and schedules are counted in it
     samples_per_epoch: int | None = at_least(None, 1, resume=FIXED)
     max_steps: int | None = at_least(None, 1)  # stop early (smoke runs, benchmarks)
     seed: int = plain(0, FIXED)  # the data order and the RNG streams a resume restores
+    # steps between log lines: the only steps (with checkpoints) on which the host reads the metrics
     log_every: int = at_least(10, 1)
     ckpt_every_steps: int = at_least(0, 0)  # 0: once per epoch
+    # how many of the newest checkpoints are kept
     keep_last: int = at_least(2, 1)
     keep_every: int = at_least(0, 0)  # also keep every M-th step's checkpoint (0: none)
+    # write checkpoints in the background while the training goes on
     async_save: bool = False
+    # signals on which every rank checkpoints at the next step boundary and exits 3 (requeue)
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     # steps between the ranks' agreement on a received preemption signal (a host wait each time); see README
     preempt_check_every: int = at_least(5, 1)
@@ -49,6 +59,7 @@ class TrainConfig:
     # from published weights'); init_what: backbone (into the student's and teacher's backbones) | student |
     # teacher (that whole net, heads too, into both) | all (student into student, teacher into teacher)
     init_weights: str = ""
+    # the part of train.init_weights to load: backbone | student | teacher | all (see init_weights)
     init_what: str = choice("backbone", listed_in("scale.checkpoint.layouts", "WHAT"))
     # roll back: resume from the sealed checkpoint of this step (newer ones are moved to checkpoints/set_aside/,
     # never deleted); None: the newest loadable one. Applied once (checkpoints/steering.json)
@@ -69,9 +80,11 @@ class EvalConfig:
     batch_size: int = at_least(128, 1)  # images per rank in every evaluation pass (DINO: 128 per GPU)
     # k-NN (DINO eval_knn.py): weighted votes exp(sim / T) of the k nearest L2-normalised training features
     knn_k: list[int] = at_least([10, 20, 100, 200], 1)
+    # T of the k-NN votes exp(sim / T)
     knn_temperature: float = at_least(0.07, 1e-8)
     # k-NN monitor during pre-training (MoCo v3 appendix; Wu et al. 2018 k-NN): queue = 10% of ImageNet-1k
     knn_monitor_queue: int = at_least(128000, 1)
+    # k of the k-NN monitor
     knn_monitor_k: int = at_least(200, 1)
     # whose evaluation protocol the recipe carries: dino | mocov3 | esvit (linear and k-NN, pre-training rows), or
     # finetune (the row is itself a fine-tuning run, scored on data.val); recipes/README.md lists each
@@ -85,6 +98,7 @@ class EvalConfig:
     linear_avgpool: bool = False  # ViT: also the mean of the last block's patch tokens
     # the grid trained at once; each lr is for 256 images and scales linearly with the global batch (DINO)
     linear_lrs: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1])
+    # epochs of the linear probe
     linear_epochs: int = at_least(100, 1)
     # global batch of the probe (the lrs scale with it); 0: batch_size per rank (DINO: 128 per GPU on 8 GPUs)
     linear_batch: int = at_least(0, 0)
@@ -96,7 +110,9 @@ class EvalConfig:
     )  # carved from train when a data set ships no val split besides its test split
     # correspondence (EsViT C.7): flip, then colour jitter and greyscale of the center crop; top-10 matches
     correspondence_top: int = at_least(10, 1)
+    # correspondence: brightness, contrast, saturation and hue of the view's colour jitter
     correspondence_jitter: list[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
+    # correspondence: probability that the view is made grey-scale
     correspondence_grayscale_p: float = within(0.2, 0.0, 1.0)
     correspondence_images: int | None = at_least(None, 1)  # None: every image of data.val (the paper: 50K ImageNet val)
 

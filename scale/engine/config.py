@@ -8,6 +8,7 @@ from scale.engine.kinds import KINDS
 
 @dataclass
 class EngineConfig:
+    # how the modules are wrapped and stepped: ddp | fsdp2 | deepspeed (Engines and the training step)
     kind: str = choice("fsdp2", lambda: list(KINDS), resume=FIXED)
     precision: str = choice("fp32", listed_in("scale.engine.precision", "DTYPES"))  # fp32, bf16, fp16 (GPU only)
     # fp16: the dynamic loss scale starts at 2**loss_scale_power (halved after each overflow, which skips that
@@ -15,13 +16,16 @@ class EngineConfig:
     loss_scale_power: int = within(16, 0, 32)
     # none, full, every_n, selective: see scale/engine/activation.py
     activation_checkpointing: str = choice("none", listed_in("scale.engine.activation", "MODES"))
+    # activation_checkpointing every_n: checkpoint every n-th block
     ac_every_n: int = at_least(2, 1)
     # torch.compile per transformer block and head (see scale/engine/compile.py): ddp, fsdp2, deepspeed ZeRO-1/2.
     # compile_backend: inductor (generated kernels) or aot_eager (the same graphs on eager kernels: to tell a
     # kernel problem from a tracing one, and cheap to compile for tests)
     compile: bool = False
+    # torch.compile's backend (see compile)
     compile_backend: str = choice("inductor", ["inductor", "aot_eager"])
     zero_stage: int = choice(1, listed_in("scale.engine.kinds", "ZERO_STAGES"), resume=FIXED)  # deepspeed only: 1, 2, 3
+    # micro-batches accumulated per optimizer step
     grad_accum: int = at_least(1, 1)
     # fsdp2: shard each parameter over groups of shard_size ranks and replicate across the groups (HSDP; one node's
     # GPUs per group keeps the all-gathers and reduce-scatters on the fast links); 0 = all ranks (plain FSDP).
@@ -40,9 +44,13 @@ class OptimConfig:
     name: str = choice("adamw", listed_in("scale.optim", "OPTIMIZERS"), resume=FIXED)  # adamw, lars, lamb, sgd
     lr: float = at_least(5e-4, 0.0)  # base learning rate at ref_batch
     lr_scaling: str = choice("linear", ["linear", "sqrt", "none"])  # lr * scale(global_batch / ref_batch)
+    # the batch that lr is given for (lr_scaling scales it by global_batch / ref_batch)
     ref_batch: int = at_least(256, 1)
+    # the learning rate at the end of the cosine
     min_lr: float = at_least(1e-6, 0.0)
+    # epochs of the linear lr warm-up
     warmup_epochs: float = at_least(10, 0)
+    # the learning rate at the warm-up's first step
     warmup_start_lr: float = at_least(0.0, 0.0)
     # True: the base lr is reached at the last warmup step (DINO's cosine_scheduler, np.linspace); False: at the
     # first step after it, lr * t / warmup (MoCo v3's main_moco.py, timm's scheduler in DRLoc)
@@ -58,11 +66,15 @@ class OptimConfig:
     # steps (or epochs, with lr_step: epoch) the lr trails its schedule, the first ones keeping its start: 1 for
     # timm's scheduler as DeiT and Swin call it, after each epoch / update, setting the next one's lr
     lr_lag: int = at_least(0, 0)
+    # weight decay at the start (cosine to weight_decay_end)
     weight_decay: float = at_least(0.04, 0.0)
+    # weight decay at the end of the training
     weight_decay_end: float = at_least(0.4, 0.0)
     wd_exclude_1d: bool = True  # no weight decay on biases and 1-D parameters
     betas: list[float] = below([0.9, 0.999], 0.0, 1.0)  # torch's optimizers refuse 1.0 and more
+    # the optimizer's epsilon (AdamW, LAMB)
     eps: float = above(1e-8, 0.0)
+    # momentum of SGD and LARS
     momentum: float = at_least(0.9, 0.0)
     clip_grad: float = at_least(3.0, 0.0)  # 0 disables
     # per_param (DINO's official rule) | global

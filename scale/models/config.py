@@ -23,6 +23,7 @@ class ModelConfig:
         224, 1, resume=FIXED
     )  # size the learned pos-embed and Swin windows are built for; other sizes are interpolated
     num_heads: int | None = at_least(None, 1, resume=FIXED)  # None: the family's default (MoCo v3's ViT-S uses 12)
+    # stochastic depth: the drop rate of the last block (rising linearly from 0 over the blocks)
     drop_path: float = within(0.1, 0.0, 1.0)
     # learned (bicubic-interpolated) | sincos (fixed 2-D, MoCo v3) | none
     pos_embed: str = choice("learned", listed_in("scale.models.vit", "POS_EMBEDS"), resume=FIXED)
@@ -32,6 +33,7 @@ class ModelConfig:
     frozen_patch_embed: bool = plain(False, FIXED)  # MoCo v3 random patch projection
     # cls | avg: MoCo v3 ablation, no class token, global average pool
     pooling: str = choice("cls", listed_in("scale.models.vit", "POOLINGS"), resume=FIXED)
+    # a norm after the last block
     final_norm: bool = plain(True, FIXED)
     bn_mlp: bool = plain(False, FIXED)  # ViT-BN: BatchNorm instead of LayerNorm before the MLP of every block
     # ViT: LayerScale (per-channel `ls1.gamma`/`ls2.gamma` after attention and MLP, as DINOv2's and CaiT's ViTs have),

@@ -14,6 +14,7 @@ class CollapseConfig:
     (SimSiam sec. 4.1). The regime must last `window_epochs` of training (past start-up transients) before the
     alarm; 0 disables the alarm."""
 
+    # epochs the collapse regime must last before the alarm; 0: no alarm
     window_epochs: float = at_least(1.0, 0.0)
     kl_below: float = at_least(0.05, 0.0)  # nats
     std_below: float = at_least(0.1, 0.0)  # x 1/sqrt(dim)
@@ -24,6 +25,9 @@ class ProbeConfig:
     """Online linear probe (solo-learn): a linear classifier on the detached backbone features of each training
     batch, trained with its own AdamW; its batch accuracy (before its update) is logged as probe_top1."""
 
+    # train the online linear probe (probe_top1 and probe_loss in the metrics)
     enabled: bool = False
+    # the probe's AdamW learning rate
     lr: float = at_least(1e-3, 0.0)
+    # the probe's AdamW weight decay
     weight_decay: float = at_least(0.0, 0.0)

@@ -6,8 +6,15 @@ from scale.config.describe import describe, describe_all
 
 
 def test_a_comment_beside_a_field_is_its_description():
+    info = describe("train.max_steps", resolve_choices=False)
+    assert info.description == "stop early (smoke runs, benchmarks)"
+    assert (info.type, info.default, info.allowed, info.resume) == ("int | None", None, ">= 1", "free")
+
+
+def test_a_comment_above_is_set_off_from_the_one_beside():
     info = describe("train.epochs", resolve_choices=False)
-    assert info.description == "extending a run stretches its schedules from here on"
+    assert info.description.startswith("length of the training in epochs")
+    assert info.description.endswith("; extending a run stretches its schedules from here on")
     assert (info.type, info.default, info.allowed, info.resume) == ("int", 100, ">= 1", "noted")
 
 
@@ -44,3 +51,9 @@ def test_explain_of_an_unknown_key_exits_2_with_a_suggestion(capsys):
     assert main(["recipes", "explain", "train.epoch"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no recipe key 'train.epoch'" in err and "train.epochs" in err
+
+
+def test_every_recipe_key_is_described():
+    # the reference page and `scale recipes explain` read these: a new field needs a comment beside or above it
+    bare = [info.key for info in describe_all(resolve_choices=False) if not info.description]
+    assert not bare, f"recipe keys without a comment in the schema: {', '.join(bare)}"
