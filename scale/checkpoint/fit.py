@@ -66,7 +66,7 @@ def refuse(folder, problem: str | None, main: bool = True) -> None:
         raise UserError(
             f"{folder} does not fit this run: {problem}. A setting that shapes it changed since the checkpoint "
             "was written (or it is another run's); nothing was loaded or deleted. Restore the setting, or start a "
-            "new run from its weights (train.init_weights). See README 'Resuming, rolling back and changing a run'."
+            "new run from its weights (train.init_weights). See docs/how-to/resume.md."
         )
 
 

@@ -179,7 +179,7 @@ def detect(state: dict) -> Source:
         return _bare(state)
     raise UserError(
         f"an unknown layout (top-level keys {sorted(map(str, state))[:8]}): expected a state dict, or the official "
-        "checkpoint of DINO, EsViT, MoCo v3, DRLoc or DINOv2 (README 'Starting from published weights')"
+        "checkpoint of DINO, EsViT, MoCo v3, DRLoc or DINOv2 (docs/how-to/weights.md)"
     )
 
 

@@ -15,7 +15,7 @@ def register(sub) -> None:
         dest="trackers",
         action="append",
         default=[],
-        help="also log to wandb or mlflow (repeatable; README 'Tracking runs'); offline with WANDB_MODE=offline",
+        help="also log to wandb or mlflow (repeatable; docs/how-to/trackers.md); offline with WANDB_MODE=offline",
     )
     parser.set_defaults(func=cmd_demo)
 

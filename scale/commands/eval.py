@@ -257,7 +257,9 @@ def _register_protocols(esub) -> None:
         child.add_argument("--run-dir", help=RUN_DIR_HELP)
         child.set_defaults(func=cmd_protocol, eval_kind=kind)
         if kind == "video-segmentation":
-            child.add_argument("--davis", required=True, metavar="ROOT", help="DAVIS 2017 root (see README)")
+            child.add_argument(
+                "--davis", required=True, metavar="ROOT", help="DAVIS 2017 root (see docs/how-to/evaluate.md)"
+            )
             child.add_argument("--split", default="val", help="ImageSets/2017/<split>.txt")
             child.add_argument("--max-videos", type=int, help="only the first N videos")
             child.add_argument("--n-last-frames", type=int, default=7, help="previous frames used as context")

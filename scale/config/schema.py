@@ -47,7 +47,8 @@ class TrainConfig:
     async_save: bool = False
     # signals on which every rank checkpoints at the next step boundary and exits 3 (requeue)
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
-    # steps between the ranks' agreement on a received preemption signal (a host wait each time); see README
+    # steps between the ranks' agreement on a received preemption signal (a host wait each time); see
+    # docs/explanation/engines.md
     preempt_check_every: int = at_least(5, 1)
     knn_monitor_every: int = at_least(0, 0)  # steps; 0 disables the k-NN monitor
     grad_monitor_every: int = at_least(0, 0)  # steps; per-layer gradient norms and spikes (MoCo v3 Fig. 4); 0 disables
@@ -55,8 +56,7 @@ class TrainConfig:
     # epochs and after the last step, into metrics.jsonl and eval/val.json; 0: no validation
     val_every_epochs: int = at_least(1, 0)
     # weights that initialise a fresh run (ignored when the run resumes): a `scale ckpt export`, a timm state dict,
-    # or an official DINO, EsViT, MoCo v3, DRLoc or DINOv2 checkpoint, detected from the file (README 'Starting
-    # from published weights'); init_what: backbone (into the student's and teacher's backbones) | student |
+    # or an official DINO, EsViT, MoCo v3, DRLoc or DINOv2 checkpoint, detected from the file (docs/how-to/weights.md); init_what: backbone (into the student's and teacher's backbones) | student |
     # teacher (that whole net, heads too, into both) | all (student into student, teacher into teacher)
     init_weights: str = ""
     # the part of train.init_weights to load: backbone | student | teacher | all (see init_weights)
@@ -64,13 +64,12 @@ class TrainConfig:
     # roll back: resume from the sealed checkpoint of this step (newer ones are moved to checkpoints/set_aside/,
     # never deleted); None: the newest loadable one. Applied once (checkpoints/steering.json)
     resume_step: int | None = at_least(None, 0)
-    # parts of the saved state a resume leaves fresh, on purpose: optimizer | data | schedules | ema (README
-    # 'Resuming, rolling back and changing a run'); applied once, like resume_step
+    # parts of the saved state a resume leaves fresh, on purpose: optimizer | data | schedules | ema (docs/how-to/resume.md); applied once, like resume_step
     reset: list[str] = choice([], listed_in("scale.checkpoint.steering", "RESETS"))
-    # experiment trackers besides metrics.jsonl (always): tensorboard | wandb | mlflow (README 'Tracking runs')
+    # experiment trackers besides metrics.jsonl (always): tensorboard | wandb | mlflow (docs/how-to/trackers.md)
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
-    collapse: CollapseConfig = field(default_factory=CollapseConfig)  # the collapse alarm (README 'Watching a run')
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)  # the collapse alarm (docs/how-to/watch.md)
     stop_on_collapse: bool = False  # stop the run (exit 1, named reason) instead of one warning
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 

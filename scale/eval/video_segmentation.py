@@ -45,7 +45,9 @@ def read_davis(root: str | Path, split: str = "val", limit: int | None = None) -
     root = Path(root)
     listing = root / "ImageSets" / "2017" / f"{split}.txt"
     if not listing.is_file():
-        raise UserError(f"--davis {root}: missing {listing} (expected the DAVIS 2017 layout, see README)")
+        raise UserError(
+            f"--davis {root}: missing {listing} (expected the DAVIS 2017 layout, see docs/how-to/evaluate.md)"
+        )
     names = [line.strip() for line in listing.read_text().splitlines() if line.strip()][:limit]
     if not names:
         raise UserError(f"{listing}: no video names")

@@ -35,7 +35,7 @@ def read_voc(root: str | Path, split: str = "val", limit: int | None = None) -> 
     root = Path(root)
     listing = root / "ImageSets" / "Segmentation" / f"{split}.txt"
     if not listing.is_file():
-        raise UserError(f"--voc {root}: missing {listing} (expected the VOC2012 layout, see README)")
+        raise UserError(f"--voc {root}: missing {listing} (expected the VOC2012 layout, see docs/how-to/evaluate.md)")
     names = [line.strip() for line in listing.read_text().splitlines() if line.strip()][:limit]
     if not names:
         raise UserError(f"{listing}: no image ids")

@@ -140,7 +140,7 @@ class Trainer:
         prepare_run_dir(cfg, run, info)
         setup_logging(run, info.rank)
         for change in start.notes if info.is_main else []:
-            log.warning("resuming with a changed setting (allowed, see README 'Resuming'): %s", change)
+            log.warning("resuming with a changed setting (allowed, see docs/how-to/resume.md): %s", change)
         validation = validates(cfg, synthetic)
         self.validation = Validation(cfg, info, device, run.root / "eval" / "val.json") if validation else None
         self.heartbeat = Heartbeat(run.root, info.is_main)
@@ -170,7 +170,7 @@ class Trainer:
 
     def fit(self) -> int:
         start = self.checkpointer.resume()
-        # opened after the resume: a rollback or reset continues in new tracker runs (README 'Tracking runs')
+        # opened after the resume: a rollback or reset continues in new tracker runs (docs/how-to/trackers.md)
         self.metrics = Trackers(
             self.cfg, self.run.root, self.info.is_main, branch_at=start if self.checkpointer.steered else None
         )
@@ -266,8 +266,8 @@ class Trainer:
         shown = ", ".join(names[:4]) + (" ..." if len(names) > 4 else "")
         raise NonFiniteLoss(
             f"{what} at step {step + 1} (rank {rank}; samples {shown or 'unknown'}). No update from it or a later "
-            f"step was saved; the last checkpoint in {self.run.checkpoints} is clean. See README "
-            f"'Troubleshooting: NaN loss' (fp16 with small patches, lr, teacher temperature)."
+            f"step was saved; the last checkpoint in {self.run.checkpoints} is clean. See "
+            f"docs/how-to/troubleshooting.md, 'NaN loss' (fp16 with small patches, lr, teacher temperature)."
         )
 
     def is_log_step(self, step: int) -> bool:

@@ -2,7 +2,7 @@
 `train.trackers` (TensorBoard, Weights & Biases, MLflow) behind one interface (scale.trackers.sink), on rank 0
 only. Each tracker's run id is kept in <run>/trackers.json with the last step it received, so that a requeued job
 appends to the same tracker run and a step logged before a crash and logged again after the resume (from an
-older checkpoint) is sent once. README 'Tracking runs'."""
+older checkpoint) is sent once. docs/how-to/trackers.md."""
 
 import importlib
 import importlib.util

@@ -68,7 +68,7 @@ class CollapseAlarm:
             return
         message = (
             f"representation collapse since step {self.since} (for {step - self.since} steps, window {self.window}): "
-            f"{found or 'seen on another rank'}. See README 'Watching a run'."
+            f"{found or 'seen on another rank'}. See docs/how-to/watch.md."
         )
         if self.stop:
             raise RepresentationCollapse(f"stopped at step {step}: {message}")

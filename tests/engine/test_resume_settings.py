@@ -1,5 +1,5 @@
 """A resume keeps this run's optimizer settings: the optim fields other than `optim.name` change freely on resume
-(README 'Resuming, rolling back and changing a run'), yet the loads (DeepSpeed's, torch's set_state_dict after
+(docs/how-to/resume.md), yet the loads (DeepSpeed's, torch's set_state_dict after
 DCP) copy the saved groups' settings into the optimizer. After the load, and after a step, the optimizer's groups
 carry the resumed recipe's betas, eps, lr and weight decay, not the checkpoint's (DeepSpeed ZeRO-1 and ZeRO-3,
 DDP and FSDP2, 2 gloo ranks)."""
