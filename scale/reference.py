@@ -6,6 +6,7 @@ tests/test_reference.py fails when a written page differs from what the code gen
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -23,8 +24,14 @@ def pages() -> dict[str, str]:
     }
 
 
+def _text(text) -> str:
+    """Prose from the code as Markdown shows it: outside `code`, <run> would be read as an HTML tag and vanish."""
+    parts = re.split(r"(`[^`]*`)", str(text))
+    return "".join(p if p.startswith("`") else p.replace("<", "&lt;").replace(">", "&gt;") for p in parts)
+
+
 def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return _text(text).replace("|", "\\|").replace("\n", " ")
 
 
 def cli_page() -> str:
@@ -76,7 +83,7 @@ def _command_section(parser: argparse.ArgumentParser, words: tuple[str, ...], su
     out = [f"\n{level} `{name}`\n\n"]
     text = parser.description or summary
     if text:
-        out.append(f"{text.strip()}\n\n")
+        out.append(f"{_text(text.strip())}\n\n")
     out.append(f"```text\n{parser.format_usage().strip()}\n```\n\n")
     rows = []
     for action in parser._actions:

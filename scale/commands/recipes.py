@@ -7,7 +7,7 @@ COLUMNS = ["name", "paper", "table", "row", "model", "method", "engine", "global
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("recipes", help="list, show and check recipes")
+    parser = sub.add_parser("recipes", help="list, show, check and explain recipes")
     rsub = parser.add_subparsers(dest="recipes_command", required=True, metavar="ACTION")
     lst = rsub.add_parser("list", help="a table of every recipe")
     lst.add_argument("--json", action="store_true", help="print JSON for machines")
