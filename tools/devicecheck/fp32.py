@@ -108,8 +108,9 @@ def recording_engines(tensors: dict, targets: tuple[str, ...]):
 def run_variants(variants: dict) -> dict:
     """In a spawned rank: every model under every variant; {variant/model/key: tensor} and {variant/model: losses}."""
     test_helpers_on_path()
-    import scale.engine
     from engine_real import real_run
+
+    import scale.engine
 
     tensors, losses = {}, {}
     build = scale.engine.build_engine
