@@ -2,7 +2,7 @@
 `layers.3.blocks.1.mlp.fc2.weight` while the losses agree within 1e-6.
 
 The experiment reruns the GPU tests' own runs (tests/engine/engine_real.py: 4 steps, tiny ViT / tiny Swin, DDP, the
-fixed DRLoc pairs) under several precision settings and records, per step, the gradient (before clipping) and the
+fixed DRLoc pairs, torch.randint drawing from the CPU's generator as test_gpu_engines does) under several precision settings and records, per step, the gradient (before clipping) and the
 weight (after the optimizer step) of the named tensors, with the losses and gradient norms. One file,
 safetensors (no code runs when it is read): tensors `<variant>/<model>/<step>/<grad|weight>/<tensor>`, the losses in
 its metadata. `report()` reads it on the CPU and compares every variant with the CPU's default run.
@@ -109,6 +109,7 @@ def run_variants(variants: dict) -> dict:
     """In a spawned rank: every model under every variant; {variant/model/key: tensor} and {variant/model: losses}."""
     test_helpers_on_path()
     from engine_real import real_run
+    from gpu_jobs import cpu_draws
 
     import scale.engine
 
@@ -120,7 +121,7 @@ def run_variants(variants: dict) -> dict:
             scale.engine.build_engine = recording_engines(recorded, targets)
             try:
                 with switches(**settings):
-                    run = real_run(method, {"kind": "ddp"}, 0, STEPS, model_kw)
+                    run = cpu_draws(real_run, method, {"kind": "ddp"}, 0, STEPS, model_kw)
             finally:
                 scale.engine.build_engine = build
             tensors |= {f"{variant}/{label}/{key}": value for key, value in recorded.items()}

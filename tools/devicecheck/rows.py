@@ -19,7 +19,7 @@ def measured_row(row: dict, setting: dict, card: str, torch_version: str, commit
     """A `scale bench --json` row and the setting it measured, in the contract's shape."""
     per_device = row["flops_per_step"] / row["step_s"] / row["world"]
     return {
-        "date": datetime.date.today().isoformat(),
+        "date": datetime.date.today(),  # a YAML date, as the table's other rows
         "card": card,
         "torch": torch_version,
         "commit": commit,
