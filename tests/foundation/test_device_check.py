@@ -19,7 +19,9 @@ import yaml
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "device-check"
 sys.path.insert(0, str(TOOL.parent))  # tools/devicecheck
+sys.path.insert(0, str(TOOL.parents[1] / "tests" / "gpu"))  # the GPU tests' helpers
 from devicecheck import fp32, rows, trace  # noqa: E402
+from gpu_compared import record_compared  # noqa: E402
 
 JUNIT = """<testsuites><testsuite>
 <testcase classname="tests.gpu.m" name="test_a[fp16-x]"><error message="failed on setup with spawn">
@@ -67,6 +69,21 @@ def test_every_collected_test_that_did_not_report_is_listed_as_not_reached(tmp_p
     for worker in ("gw0", "gw1"):  # every xdist worker collects the whole selection
         (tmp_path / "c" / f"{worker}.json").write_text(json.dumps({"selected": selected, "deselected": ["x"]}))
     assert tool.read_collected(tmp_path / "c") == (selected, ["x"])
+
+
+def test_the_gpu_tests_comparisons_come_back_worst_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALE_GPU_TESTS_COMPARED", str(tmp_path / "compared.jsonl"))
+    ref = {"losses": [1.0, 2.0], "student": {"w": torch.zeros(3), "step": torch.tensor(4)}, "teacher": {}}
+    for label, off in (("close", 1e-6), ("far", 6e-4)):
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", f"tests/gpu/m.py::test_{label} (call)")
+        run = {"losses": [1.0, 2.0 + off], "student": {"w": torch.tensor([0.0, off, 0.0]), "step": torch.tensor(4)}}
+        record_compared(run | {"teacher": {}}, ref, tol=1e-4)
+    got = load_tool().read_compared(tmp_path / "compared.jsonl")["runs"]
+    assert [entry["test"] for entry in got] == ["tests/gpu/m.py::test_far", "tests/gpu/m.py::test_close"]
+    (far,) = got[0]["tensors"]  # the integer step counter is not a compared float
+    assert far["tensor"] == "student w" and far["max_abs"] == pytest.approx(6e-4)
+    assert far["over_tol"] == pytest.approx(1 / 3) and far["got"][1] == pytest.approx(6e-4)
+    assert got[0]["loss_max_abs"] == pytest.approx(6e-4)
 
 
 # a chrome trace as torch.profiler exports it: two kernels overlapping on two streams, a copy, a CPU op (not device
@@ -156,7 +173,7 @@ def test_the_fp32_report_names_how_far_each_variant_is_and_where(tmp_path):
     assert fp32.main([str(tmp_path / "missing")]) == 2
 
 
-ALL_STAGES = "env,preflight,fp32,tests,bench,profile,host,data"  # the default ones and data
+ALL_STAGES = "env,preflight,fp32,tests,profile,bench,host,data"  # the default ones and data
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +215,8 @@ def test_the_summary_holds_each_stages_numbers(checked):
         "preflight": "ok",
         "fp32": "ok",
         "tests": "ok",
-        "bench": "ok",
         "profile": "ok",
+        "bench": "ok",
         "host": stages["host"]["status"],  # skipped where this checkout has no `scale bench host`
         "data": "ok",
     }

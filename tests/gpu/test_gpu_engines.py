@@ -11,13 +11,11 @@ DeepSpeed ZeRO-1/2/3) on CUDA against the same run on the CPU (one process, DDP,
 - engine.compile (inductor's CUDA kernels) on 1 GPU under DDP and FSDP2, fp32: as fp32 eager, within 1e-4 of the
   CPU's eager run."""
 
-import json
-import os
-
 import pytest
 import torch
 from engine_real import LR, real_jobs
 from engine_toy import spawn
+from gpu_compared import record_compared
 from gpu_env import DEVICE, SELF_CHECK, require_cuda
 from gpu_jobs import cpu_draws, in_fp32
 
@@ -106,31 +104,6 @@ def assert_close_to_cpu(run: dict, ref: dict, tol: float) -> None:
         for name, value in ref[part].items():
             got = run[part][name]
             torch.testing.assert_close(got, value, atol=tol, rtol=0, msg=lambda m, p=part, n=name: f"{p} {n}: {m}")
-
-
-def record_compared(run: dict, ref: dict, tol: float, keep: int = 5) -> None:
-    """Where SCALE_GPU_TESTS_COMPARED names a file (tools/device-check), append one JSON line: this test's largest
-    differences from the CPU (the `keep` tensors farthest from it, and the first values of the farthest), so that
-    work without a GPU can go on from what a GPU run compared."""
-    path = os.environ.get("SCALE_GPU_TESTS_COMPARED")
-    if not path:
-        return
-    tensors = []
-    for part in ("student", "teacher"):
-        for name, value in ref[part].items():
-            got = run[part].get(name)
-            if got is None or not value.is_floating_point() or got.shape != value.shape:
-                continue
-            diff = (got.float() - value.float()).abs()
-            tensors.append({"tensor": f"{part} {name}", "shape": list(value.shape), "max_abs": float(diff.max()),
-                            "over_tol": float((diff > tol).float().mean()), "got": got.flatten()[:6].tolist(),
-                            "cpu": value.flatten()[:6].tolist()})  # fmt: skip
-    tensors.sort(key=lambda t: -t["max_abs"])
-    losses = max((abs(a - b) for a, b in zip(run["losses"], ref["losses"], strict=False)), default=0.0)
-    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
-    line = {"test": test, "tol": tol, "loss_max_abs": losses, "tensors": tensors[:keep]}
-    with open(path, "a") as f:  # one short write per line: xdist workers append to the same file
-        f.write(json.dumps(line) + "\n")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
