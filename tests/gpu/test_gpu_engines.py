@@ -15,6 +15,7 @@ import pytest
 import torch
 from engine_real import LR, real_jobs
 from engine_toy import spawn
+from gpu_compared import record_compared
 from gpu_env import DEVICE, SELF_CHECK, require_cuda
 from gpu_jobs import cpu_draws, in_fp32
 
@@ -96,6 +97,7 @@ def compiled_gpu(tmp_path_factory):
 
 
 def assert_close_to_cpu(run: dict, ref: dict, tol: float) -> None:
+    record_compared(run, ref, tol)
     assert run["losses"] == pytest.approx(ref["losses"], abs=tol, rel=0)
     for part in ("student", "teacher"):
         assert run[part].keys() == ref[part].keys()
