@@ -37,9 +37,11 @@ class ViewsConfig:
     # supervised views (timm transform factory)
     auto_augment: str = "rand-m9-mstd0.5-inc1"
     random_erase_p: float = within(0.25, 0.0, 1.0)
-    # evaluation views
+    # evaluation views: resize the short side to eval_resize, center crop eval_crop; bicubic (DINO eval_linear.py,
+    # DeiT datasets.py) or bilinear (MoCo v3 main_lincls.py, transfer/datasets.py: torchvision's default)
     eval_resize: int = at_least(256, 1)
     eval_crop: int = at_least(224, 1)
+    eval_interpolation: str = choice("bicubic", listed_in("scale.data.views", "INTERPOLATION"))
 
 
 @dataclass
