@@ -59,8 +59,9 @@ class DataConfig:
     prefetch_to_device: bool = True
     shuffle_buffer: int = at_least(2000, 0)
     # repeated augmentation (DeiT samplers.py RASampler, on in DeiT main.py by default): each image of the epoch
-    # order k times, the copies in one global batch on different ranks (scale/data/loader.py RepeatedOrder); 1: off
-    repeated_aug: int = at_least(1, 1)
+    # order k times, the copies in one global batch on different ranks (scale/data/loader.py RepeatedOrder); 1: off.
+    # Changing it on resume changes the rest of the epoch's order (the resumed run logs it)
+    repeated_aug: int = at_least(1, 1, resume=NOTED)
     error_budget: float = within(0.001, 0.0, 1.0)  # fraction of samples that may be bad before the run stops
     num_classes: int = at_least(1000, 1, resume=FIXED)  # the class heads' width
     views: ViewsConfig = field(default_factory=ViewsConfig)

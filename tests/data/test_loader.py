@@ -3,11 +3,13 @@
 import math
 from collections import Counter
 
+import pytest
 import torch
 
 from scale.data.factory import build_loader
 from scale.data.loader import EpochOrder, repeated_slot
 from scale.data.spec import LoaderSpec
+from scale.errors import UserError
 from tests.data.helpers import good_shards, tiny_cfg
 
 
@@ -175,3 +177,10 @@ def test_repeated_aug_is_training_only(tmp_path):
     cfg = tiny_cfg(tmp_path, repeated_aug=3)
     keys = next(iter(build_loader(LoaderSpec(cfg, "val", 12, 0, 1, seed=0)))).keys
     assert len(set(keys)) == 12
+
+
+def test_repeated_aug_needs_the_epoch_order(tmp_path):
+    good_shards(tmp_path, [12])
+    cfg = tiny_cfg(tmp_path, repeated_aug=3, mode="resampled")
+    with pytest.raises(UserError, match="data.repeated_aug=3 needs data.mode=epochs"):
+        build_loader(LoaderSpec(cfg, "train", 12, 0, 1, seed=0))
