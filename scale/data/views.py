@@ -236,7 +236,9 @@ class EvalView:
         scale = self.resize / min(width, height)
         # decoding at reduced DCT size is exact enough and free when the image is >= 2x the target
         img = decode_rgb(data, (math.ceil(width * scale), math.ceil(height * scale)))
-        out_w, out_h = max(self.resize, round(width * scale)), max(self.resize, round(height * scale))
+        # torchvision's Resize(int): the short side to eval_resize, the long one int(eval_resize * long / short)
+        short = min(width, height)
+        out_w, out_h = max(self.resize, self.resize * width // short), max(self.resize, self.resize * height // short)
         img = img.resize((out_w, out_h), self.interpolation)
         left, top = int(round((out_w - self.crop) / 2)), int(round((out_h - self.crop) / 2))
         img = img.crop((left, top, left + self.crop, top + self.crop))

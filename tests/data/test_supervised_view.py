@@ -63,7 +63,7 @@ def test_eval_view_is_torchvisions_resize_and_center_crop(interpolation):
     )
     cfg = OmegaConf.structured(ViewsConfig(kind="eval", eval_resize=64, eval_crop=56, eval_interpolation=interpolation))
     view = build_views(cfg)
-    for width, height in [(96, 72), (80, 100)]:
+    for width, height in [(96, 72), (80, 100), (91, 72), (99, 72)]:  # 80.9 and 88.0 px: torchvision truncates
         data, image = _png(width, height)
         assert torch.equal(view(data, random.Random(0))[0][0], official(image))
 
