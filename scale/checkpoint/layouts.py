@@ -42,6 +42,9 @@ class Source:
     layout: str
     nets: dict[str | None, dict[str, torch.Tensor]]  # "student" / "teacher" / None (a bare backbone)
     dropped: dict[str, str] = field(default_factory=dict)  # key prefix -> why it has no counterpart
+    # the net whose backbone evaluations and fine-tuning read, as the official code does: DINO's eval_*.py take the
+    # teacher (--checkpoint_key teacher); MoCo v3's main_lincls.py and convert_to_deit.py the base encoder
+    evaluated: str = "teacher"
 
 
 def read_file(path: str | Path) -> dict:
@@ -124,7 +127,10 @@ def _moco(state: dict) -> Source:
         }
 
     student = encoder("base_encoder.") | {f"predictor.{k}": v for k, v in _under(sd, "predictor.").items()}
-    return Source("MoCo v3 checkpoint", {"student": student, "teacher": encoder("momentum_encoder.")})
+    # main_lincls.py:180-183 and convert_to_deit.py:26-30 keep `module.base_encoder.` (the student), not the momentum one
+    return Source(
+        "MoCo v3 checkpoint", {"student": student, "teacher": encoder("momentum_encoder.")}, evaluated="student"
+    )
 
 
 def _dinov2(state: dict) -> Source:
@@ -192,11 +198,12 @@ def read_source(path: str | Path) -> Source:
         raise UserError(f"{path}: {err}") from None
 
 
-def backbone_of(source: Source, prefer: str = "teacher") -> tuple[str, dict[str, torch.Tensor]]:
-    """(whose, the backbone's state dict without `backbone.`): the `prefer`red net's where the file has it."""
+def backbone_of(source: Source) -> tuple[str, dict[str, torch.Tensor]]:
+    """(whose, the backbone's state dict without `backbone.`): the net the official evaluation reads
+    (`source.evaluated`) where the file has it."""
     if None in source.nets:
         return "the file's", source.nets[None]
-    whose = prefer if prefer in source.nets else next(iter(source.nets))
+    whose = source.evaluated if source.evaluated in source.nets else next(iter(source.nets))
     return f"the {whose}'s", _under(source.nets[whose], "backbone.")
 
 

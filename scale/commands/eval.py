@@ -308,13 +308,18 @@ def cmd_protocol(args) -> int:
         "model": cfg.model.name,
         "weights": args.weights,
         "random_init": args.weights is None,
-        **run(backbone, list(cfg.data.views.mean), list(cfg.data.views.std), device),
+        **run(backbone, list(cfg.data.views.mean), _std(args, cfg), device),
     }
     stem = args.eval_kind.replace("-", "_") + (f"_{args.dataset}" if args.eval_kind == "retrieval" else "")
     path = write_json(result_path(args.out, args.run_dir, cfg, stem), result)
     Console().print(PROTOCOL_TABLES[args.eval_kind](result))
     print(f"wrote {path}")
     return 0
+
+
+def _std(args, cfg) -> list[float]:
+    """The normalisation std of the protocol's official script: eval.video_std for DAVIS, else the recipe's."""
+    return list(cfg.eval.video_std if args.eval_kind == "video-segmentation" else cfg.data.views.std)
 
 
 def result_path(out: str | None, run_dir: str | None, cfg, stem: str):

@@ -114,6 +114,9 @@ class EvalConfig:
     # correspondence: probability that the view is made grey-scale
     correspondence_grayscale_p: float = within(0.2, 0.0, 1.0)
     correspondence_images: int | None = at_least(None, 1)  # None: every image of data.val (the paper: 50K ImageNet val)
+    # video segmentation (DINO Table 5): the frames' std; eval_video_segmentation.py color_normalize uses 0.228 for
+    # red where every other DINO script uses ImageNet's 0.229 (the mean is data.views.mean, the same in both)
+    video_std: list[float] = field(default_factory=lambda: [0.228, 0.224, 0.225])
 
 
 @dataclass

@@ -54,10 +54,13 @@ class ViewsConfig:
     auto_augment: str = "rand-m9-mstd0.5-inc1"
     # supervised views: probability of random erasing
     random_erase_p: float = within(0.25, 0.0, 1.0)
-    # evaluation views
-    eval_resize: int = at_least(256, 1)  # the short side is resized to this before the center crop
+    # evaluation views: the short side is resized to this before the center crop
+    eval_resize: int = at_least(256, 1)
     # evaluation views: side of the center crop in px, after the short side is resized to eval_resize
     eval_crop: int = at_least(224, 1)
+    # evaluation views: the resize's interpolation: bicubic (DINO eval_linear.py, DeiT datasets.py) or bilinear
+    # (MoCo v3 main_lincls.py, transfer/datasets.py: torchvision's default)
+    eval_interpolation: str = choice("bicubic", listed_in("scale.data.views", "INTERPOLATION"))
 
 
 @dataclass
@@ -77,6 +80,10 @@ class DataConfig:
     prefetch_to_device: bool = True
     # samples in each window that the loader permutes (the order stays fixed by seed and epoch)
     shuffle_buffer: int = at_least(2000, 0)
+    # repeated augmentation (DeiT samplers.py RASampler, on in DeiT main.py by default): each image of the epoch
+    # order k times, the copies in one global batch on different ranks (scale/data/loader.py RepeatedOrder); 1: off.
+    # Changing it on resume changes the rest of the epoch's order (the resumed run logs it)
+    repeated_aug: int = at_least(1, 1, resume=NOTED)
     error_budget: float = within(0.001, 0.0, 1.0)  # fraction of samples that may be bad before the run stops
     num_classes: int = at_least(1000, 1, resume=FIXED)  # the class heads' width
     views: ViewsConfig = field(default_factory=ViewsConfig)

@@ -18,6 +18,13 @@ global batches an uninterrupted run would have produced (no repeat, no skip), fo
 workers, as long as seed, global_batch, samples_per_epoch and the shards are unchanged. A sample's augmentation is
 drawn from a generator seeded by (seed, epoch, position), so resumed batches are identical tensor for tensor.
 
+Repeated augmentation (data.repeated_aug = k > 1, training split; DeiT's RASampler, samplers.py): position p of
+the epoch reads entry repeated_slot(p) of the list that repeats each position of the order above k times, so
+about samples_per_epoch / k images are read per epoch, k times each with independent augmentations, and the k
+copies of an image fall in the same global batch (but where k does not divide global_batch: an image at the edge
+spans two) on different ranks, as in DeiT. The order is still a function of
+(seed, epoch, global position): the guarantees above (rank split, exact resume at any world size) hold unchanged.
+
 Mode `resampled` (infinite stream). A webdataset pipeline per (rank, worker): shards drawn with replacement
 (ResampledShards), a shuffle buffer, decode and views. Each stream is seeded by (seed, rank, worker, position), so a
 restart is reproducible for the same world size and workers but is a fresh draw, not the continuation of the old
@@ -90,6 +97,44 @@ class EpochOrder:
         stream = w * self.window + int(self._window_perm(w)[j])
         k = bisect_right(self.starts, stream) - 1
         return self.shards[k], stream - self.starts[k]
+
+
+def repeated_slot(position: int, repeats: int, global_batch: int) -> int:
+    """The index, in the epoch's repeated list, that `position` reads under repeated augmentation.
+
+    DeiT's RASampler (samplers.py) repeats each index of the epoch's permutation `repeats` times, [a, a, a, b, b, b,
+    ...], and rank r of W reads entries r, r + W, r + 2W, ...: global step s holds entries [s*G, (s+1)*G), and the
+    copies of one image go to different ranks. The same entries make scale's global step s; within it they are laid
+    out by their index mod `repeats` first (entries with residue 0, then 1, ...), so that the copies of an image sit
+    about G / repeats apart and scale's contiguous rank slices put them on different ranks whenever a rank's slice
+    is at most G / repeats. The layout depends on G only, not on the world size: resumes stay exact for any."""
+    step, slot = divmod(position, global_batch)
+    first = step * global_batch
+    for residue in range(repeats):
+        offset = (residue - first) % repeats  # the batch's first entry with this residue
+        count = max(0, -(-(global_batch - offset) // repeats))
+        if slot < count:
+            return first + offset + slot * repeats
+        slot -= count
+    raise AssertionError("unreachable: the residue classes cover the batch")
+
+
+class RepeatedOrder:
+    """The epoch order under repeated augmentation (data.repeated_aug = k > 1): position p reads the sample at
+    position repeated_slot(p) // k of the plain order, so each image of its head appears k times, each copy with
+    its own augmentation (drawn from its own position)."""
+
+    def __init__(self, order: EpochOrder, repeats: int, global_batch: int):
+        self.order, self.repeats, self.global_batch = order, repeats, global_batch
+
+    def __getitem__(self, position: int) -> tuple[int, int]:
+        return self.order[repeated_slot(position, self.repeats, self.global_batch) // self.repeats]
+
+
+def epoch_order(counts: list[int], seed: int, epoch: int, window: int, repeats: int, global_batch: int):
+    """The order of one epoch: EpochOrder, repeated when repeats > 1."""
+    order = EpochOrder(counts, seed, epoch, window)
+    return order if repeats == 1 else RepeatedOrder(order, repeats, global_batch)
 
 
 # ---------------------------------------------------------------------------------------------------- reading samples
@@ -211,7 +256,7 @@ class _EpochSteps(IterableDataset):
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info else (0, 1)
         ld = self.loader
-        order = EpochOrder(ld.counts, ld.seed, self.epoch, ld.cfg.shuffle_buffer)
+        order = epoch_order(ld.counts, ld.seed, self.epoch, ld.cfg.shuffle_buffer, ld.repeats, ld.global_batch)
         reader = ShardReader(ld.dir, ld.manifest)
         for step in range(self.start + wid, self.stop, nw):
             base = step * ld.global_batch + ld.rank * ld.local_batch
@@ -360,6 +405,12 @@ class Loader:
         self.samples_seen = 0
         self.empty_shards = sum(1 for c in self.counts if c == 0)
         self.workers = worker_count(int(self.cfg.workers), f"{spec.split} loader, rank {self.rank}")
+        # repeated augmentation is a training sampler (DeiT main.py: RASampler for the training set only)
+        self.repeats = int(self.cfg.repeated_aug) if spec.split == "train" else 1
+        if self.repeats > 1 and self.cfg.mode != "epochs":
+            raise UserError(
+                f"data.repeated_aug={self.repeats} needs data.mode=epochs (it repeats samples of the epoch order)"
+            )
 
     @property
     def epoch(self) -> int:

@@ -8,7 +8,7 @@
 - two_view (MoCo v3 / BYOL): the same ops with n_global 2, no locals, bilinear, scale (crop_min, 1).
 - supervised (DRLoc, fine-tuning): timm's create_transform (RandAugment, random erasing); mixup/cutmix belongs to
   the supervised method, which mixes whole batches.
-- eval: resize the short side to eval_resize (bicubic), center crop eval_crop.
+- eval: resize the short side to eval_resize (eval_interpolation: bicubic or bilinear), center crop eval_crop.
 
 Speed without changing the distribution of crops (`scale bench data`: 2.3-2.5x the official pipeline per core on
 500x375 photos; equivalence tests in tests/data/test_fast_ops.py): crop boxes are drawn first on the original size;
@@ -218,10 +218,16 @@ class CropViews:
 
 
 class EvalView:
-    """Resize the short side to eval_resize (bicubic), center crop eval_crop; one group of one view."""
+    """Resize the short side to eval_resize (eval_interpolation), center crop eval_crop; one group of one view."""
 
     def __init__(self, cfg):
         self.resize, self.crop = int(cfg.eval_resize), int(cfg.eval_crop)
+        if cfg.eval_interpolation not in INTERPOLATION:
+            raise UserError(
+                f"data.views.eval_interpolation must be one of {', '.join(INTERPOLATION)}, "
+                f"got '{cfg.eval_interpolation}'"
+            )
+        self.interpolation = INTERPOLATION[cfg.eval_interpolation]
         self.views_per_group = [1]
 
     def __call__(self, data: bytes, rng: random.Random) -> list[list[torch.Tensor]]:
@@ -230,8 +236,10 @@ class EvalView:
         scale = self.resize / min(width, height)
         # decoding at reduced DCT size is exact enough and free when the image is >= 2x the target
         img = decode_rgb(data, (math.ceil(width * scale), math.ceil(height * scale)))
-        out_w, out_h = max(self.resize, round(width * scale)), max(self.resize, round(height * scale))
-        img = img.resize((out_w, out_h), Image.BICUBIC)
+        # torchvision's Resize(int): the short side to eval_resize, the long one int(eval_resize * long / short)
+        short = min(width, height)
+        out_w, out_h = max(self.resize, self.resize * width // short), max(self.resize, self.resize * height // short)
+        img = img.resize((out_w, out_h), self.interpolation)
         left, top = int(round((out_w - self.crop) / 2)), int(round((out_h - self.crop) / 2))
         img = img.crop((left, top, left + self.crop, top + self.crop))
         return [[torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)]]
@@ -251,7 +259,8 @@ class SupervisedView:
             scale=tuple(cfg.global_scale),
             ratio=tuple(cfg.ratio),
             hflip=cfg.flip_p,
-            color_jitter=cfg.color_jitter[0],
+            # timm ignores it under RandAugment (DeiT); none at 0 (MoCo v3 transfer/datasets.py has no jitter)
+            color_jitter=cfg.color_jitter[0] or None,
             auto_augment=cfg.auto_augment or None,
             interpolation=cfg.interpolation,
             re_prob=cfg.random_erase_p,

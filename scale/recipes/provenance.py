@@ -106,7 +106,13 @@ IDENTITY = (
     "train.",
 )
 # the evaluation protocol each recipe carries (its paper's; EvalConfig.protocol), key by key
-PROBE = ["eval.linear_feature", "eval.linear_lrs", "eval.linear_epochs", "eval.linear_batch"]
+PROBE = [
+    "eval.linear_feature",
+    "eval.linear_lrs",
+    "eval.linear_epochs",
+    "eval.linear_batch",
+    "data.views.eval_interpolation",
+]
 BLOCKS = ["eval.linear_n_last_blocks", "eval.linear_avgpool"]  # only for the last_blocks feature
 KNN = ["eval.knn_k", "eval.knn_temperature"]
 EVAL_KEYS = {"dino": PROBE + BLOCKS + KNN, "esvit": PROBE + BLOCKS + KNN, "mocov3": PROBE, "finetune": []}

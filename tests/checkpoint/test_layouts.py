@@ -70,15 +70,19 @@ def assert_loaded(target: dict, source: dict, parts=("student", "teacher")) -> N
 
 
 @pytest.mark.parametrize(
-    "recipe,build,layout",
+    "recipe,build,layout,evaluated",
     [
-        ("demo/dino_tiny", official_dino, "DINO checkpoint"),
-        ("demo/esvit_tiny", lambda s: official_dino(s, region=True), "EsViT checkpoint"),
-        ("demo/mocov3_tiny", official_moco, "MoCo v3 checkpoint"),
+        ("demo/dino_tiny", official_dino, "DINO checkpoint", "teacher"),
+        ("demo/esvit_tiny", lambda s: official_dino(s, region=True), "EsViT checkpoint", "teacher"),
+        # main_lincls.py and convert_to_deit.py read the base encoder, not the momentum encoder
+        ("demo/mocov3_tiny", official_moco, "MoCo v3 checkpoint", "student"),
     ],
 )
-def test_official_training_checkpoints_load_strictly_and_round_trip(tmp_path, caplog, recipe, build, layout):
+def test_official_training_checkpoints_load_strictly_and_round_trip(tmp_path, caplog, recipe, build, layout, evaluated):
     source = nets(recipe, 1)
+    with torch.no_grad():  # a teacher unlike its student (MoCo v3 builds the momentum encoder as a copy)
+        for p in source["teacher"].parameters():
+            p.add_(1.0)
     path = tmp_path / "checkpoint.pth"
     torch.save(build(source), path)
     assert read_source(path).layout == layout
@@ -87,7 +91,7 @@ def test_official_training_checkpoints_load_strictly_and_round_trip(tmp_path, ca
         load_init_weights(fresh, str(path), "all", sharded=False)
     assert_loaded(fresh, source)
     assert "student: loaded backbone, " in caplog.text and layout in caplog.text
-    # --what backbone: the teacher's backbone into both nets, the heads stay as built
+    # --what backbone: the backbone the official evaluation reads into both nets, the heads stay as built
     again = nets(recipe, 3)
     heads_before = {k: v for k, v in state(again["student"]).items() if not k.startswith("backbone.")}
     loads, notes = plan(
@@ -99,9 +103,12 @@ def test_official_training_checkpoints_load_strictly_and_round_trip(tmp_path, ca
     assert "fresh:" in notes[0] and "(--what backbone)" in notes[0]
     load_init_weights(again, str(path), "backbone", sharded=False)
     student = state(again["student"])
-    teacher_backbone = {k: v for k, v in state(source["teacher"]).items() if k.startswith("backbone.")}
-    assert all(torch.equal(student[k], v) for k, v in teacher_backbone.items())
+    backbone = {k: v for k, v in state(source[evaluated]).items() if k.startswith("backbone.")}
+    assert all(torch.equal(student[k], v) for k, v in backbone.items())
     assert all(torch.equal(student[k], v) for k, v in heads_before.items())
+    # an evaluation's --weights reads the same backbone
+    probed = read_state_dict(path)
+    assert all(torch.equal(probed[k[len("backbone.") :]], v) for k, v in backbone.items())
 
 
 def test_dinov2_teacher_checkpoint_loads_its_dino_head_and_says_ibot_is_left_out(tmp_path):

@@ -54,6 +54,9 @@ def test_probe_batch_is_the_protocols_global_batch():
     [
         ("dino/table2/vit_s16", "dino", "last_blocks", 4, False, 100, 1024),  # eval_linear.py, ViT-S
         ("dino/table2/vit_b16", "dino", "last_blocks", 1, True, 100, 1024),  # README: ViT-B n 1 + avgpool
+        ("dino/fig5/vit_b16", "dino", "last_blocks", 1, True, 100, 1024),  # eval_linear.py help: ViT-B
+        ("dino/fig5/vit_b8", "dino", "last_blocks", 1, True, 100, 1024),
+        ("dino/fig5/vit_s16", "dino", "last_blocks", 4, False, 100, 1024),
         ("dino/table2/resnet50", "dino", "pooled", None, None, 100, 1024),  # fc = Identity
         ("mocov3/table1/vit_b", "mocov3", "pooled", None, None, 90, 4096),  # MoCo v3 Sec. 4, main_lincls.py
         ("mocov3/table4/r50_mocov3", "mocov3", "pooled", None, None, 90, 4096),
@@ -71,3 +74,18 @@ def test_each_recipe_carries_its_papers_protocol(recipe, protocol, feature, bloc
     assert (ev.linear_feature, ev.linear_epochs, ev.linear_batch) == (feature, epochs, batch)
     if blocks is not None:
         assert (ev.linear_n_last_blocks, ev.linear_avgpool) == (blocks, avgpool)
+
+
+@pytest.mark.parametrize(
+    "recipe, interpolation",
+    [
+        ("dino/table2/vit_s16", "bicubic"),  # eval_linear.py:66, eval_knn.py:33 Resize(256, interpolation=3)
+        ("esvit/table1/swin_t_w7_lvlr", "bicubic"),  # esvit eval_linear.py:57
+        ("mocov3/table1/vit_b", "bilinear"),  # main_lincls.py:290 Resize(256)
+        ("mocov3/table4/r50_mocov3", "bilinear"),
+        ("dino/table6/vit_b16_imagenet1k", "bicubic"),  # DeiT datasets.py:103
+        ("mocov3/table5/vit_b_cifar10_mocov3", "bilinear"),  # transfer/datasets.py:26
+    ],
+)
+def test_each_recipe_resizes_its_evaluation_view_as_its_official_script(recipe, interpolation):
+    assert load_recipe(recipe).data.views.eval_interpolation == interpolation

@@ -130,12 +130,21 @@ def test_cli_scores_a_made_up_davis(tmp_path, capsys):
     assert "ImageSets/2017/val.txt" in capsys.readouterr().err
 
 
-def test_table5_recipe_result_lands_in_the_report(tmp_path):
+def test_table5_recipe_result_lands_in_the_report(tmp_path, monkeypatch):
+    seen, evaluate = {}, vos.evaluate
+
+    def spy(backbone, videos, cfg, mean, std, *rest):
+        seen["mean"], seen["std"] = mean, std
+        return evaluate(backbone, videos, cfg, mean, std, *rest)
+
+    monkeypatch.setattr(vos, "evaluate", spy)
     root = make_davis(tmp_path / "DAVIS", videos=("bear",))
     run = tmp_path / "run"
     shrink = ["model.name=vit_nano", "model.img_size=32", "model.patch_size=8"]
     args = ["eval", "video-segmentation", "dino/table5/vit_s16", *shrink, "--random-init", "--davis", str(root)]
     assert cli([*args, "--short-side", "64", "--run-dir", str(run)]) == 0
+    # frames normalised as eval_video_segmentation.py's color_normalize does (std 0.228 for red, not 0.229)
+    assert (seen["mean"], seen["std"]) == ([0.485, 0.456, 0.406], [0.228, 0.224, 0.225])
     result = json.loads((run / "eval" / "video_segmentation.json").read_text())
     assert cli(["report", str(run), "--out", str(tmp_path / "report")]) == 0
     text = (tmp_path / "report" / "report.md").read_text()

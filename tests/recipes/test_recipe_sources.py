@@ -7,7 +7,7 @@ from pathlib import Path
 from scale.cli import main
 from scale.config import load_recipe
 from scale.recipes.check import check_recipe
-from scale.recipes.provenance import stated_keys
+from scale.recipes.provenance import stated_keys, written_keys
 from scale.resources import recipes_dir
 
 DINO_BASE = recipes_dir() / "_base" / "dino.yaml"
@@ -64,6 +64,15 @@ def test_stated_keys_follow_the_method_and_the_protocol():
     assert {"method.drloc.l1_reduction", "method.drloc.pool", "method.drloc.weight_schedule"} <= set(drloc)
     assert {"optim.lr_step", "optim.lr_lag", "optim.warmup_prefix", "optim.lr_schedule_epochs"} <= set(drloc)
     assert "optim.lr_schedule_epochs" not in keys  # unset: the schedule spans train.epochs
+    assert "data.views.eval_interpolation" in keys  # every probe's test view (main_lincls.py: bilinear)
+    # the fine-tuning rows' sampler and test view (DeiT main.py, MoCo v3 transfer/datasets.py) are sourced
+    for row in (
+        "dino/table6/vit_s16_cifar10",
+        "mocov3/table5/vit_b_pets_mocov3",
+        "mocov3/table5/vit_h_pets_random_init",
+    ):
+        finetune = stated_keys(load_recipe(row), written_keys(row))
+        assert {"data.repeated_aug", "data.views.eval_interpolation", "data.views.random_erase_p"} <= set(finetune)
 
 
 def test_a_schedule_longer_than_training_needs_a_source(tmp_path):
