@@ -33,6 +33,7 @@ NO_KERNEL = {
     "aten::set_",
     "aten::_local_scalar_dense",  # a device-to-host copy, counted as a sync
     "aten::scalar_tensor",  # a Python number wrapped for an op: a host scalar on every device
+    "aten::_unsafe_view",  # a view its schema does not mark as one
 }
 COPIES = {"aten::_to_copy", "aten::copy_", "aten::clone", "aten::_foreach_copy_", "aten::_copy_from"}
 
