@@ -65,7 +65,7 @@ class PhaseTimer:
 
 def make_loader(cfg, info: ParallelContext, device: torch.device, synthetic: bool):
     if synthetic:
-        return SyntheticLoader(cfg, info.dp_rank, info.dp_size)
+        return SyntheticLoader(cfg, info.dp_rank, info.dp_size, device)  # made once on the device
     return train_loader(cfg, info, device)
 
 

@@ -96,7 +96,8 @@ class TrainStep:
     def next_batch(self, batches) -> tuple[Batch, float]:
         start = time.perf_counter()
         batch = next(batches)
-        if not self.prefetched:  # a prefetcher has checked it on the host and copied it already
+        # a prefetcher has checked it on the host and copied it already; a synthetic batch is made on the device
+        if not self.prefetched and not getattr(self.loader, "on_device", False):
             self.method.check_batch(batch)
             batch = batch.to(self.device)
         return batch, time.perf_counter() - start
