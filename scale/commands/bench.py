@@ -5,6 +5,7 @@
   `--matrix`, or several short-key axes after one flag; a dotted override after it is an override, never an axis);
 - `scale bench data RECIPE [--workers N] [--images N] [--shards DIR | --photos] [--rate N]` measures the view
   pipelines side by side (scale.data.bench);
+- `scale bench host RECIPE [overrides] [--steps N] [--json F]`: the host's share of one step by phase (scale.bench.host);
 - `scale bench table dino8|esvit9|mocov3-3 [--scale tiny|full] ...`: the papers' cost tables.
 The first word selects a benchmark from `BENCHES`; any other first word is a recipe.
 """
@@ -218,7 +219,45 @@ def bench_ckpt(argv: list[str]) -> int:
     return 0
 
 
-BENCHES = {"data": bench_data, "table": bench_table, "ckpt": bench_ckpt, "ac": bench_ac}
+def host_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scale bench host",
+        description="per phase of one training step: ops dispatched, ops that launch device work, copies, dtype "
+        "casts, DTensor dispatches, host syncs, and host ms per step (one process, synthetic batches)",
+    )
+    parser.add_argument("recipe", help="recipe name or YAML path")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps after the counted one")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed, uncounted steps before them")
+    parser.add_argument("--json", help="also write the result to this JSON file")
+    return parser
+
+
+def bench_host(argv: list[str]) -> int:
+    args = host_parser().parse_intermixed_args(argv)
+    from scale.bench.host import format_budget, host_budget
+    from scale.config import load_recipe
+    from scale.engine.dist import shutdown
+    from scale.engine.parallel import init_parallel
+
+    cfg = load_recipe(args.recipe, args.overrides)
+    info, device = init_parallel()
+    try:
+        result = host_budget(cfg, info, device, steps=args.steps, warmup=args.warmup)
+    finally:
+        shutdown()
+    print(
+        f"{args.recipe}: engine {result['engine']}, {result['precision']}, {device}, batch "
+        f"{cfg.train.global_batch}; counts of step {args.warmup}, host ms: mean of {args.steps} steps"
+    )
+    print(format_budget(result))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"recipe": args.recipe, "overrides": args.overrides, **result}, out, indent=1)
+    return 0
+
+
+BENCHES = {"data": bench_data, "table": bench_table, "ckpt": bench_ckpt, "ac": bench_ac, "host": bench_host}
 
 
 def _ac_parser() -> argparse.ArgumentParser:

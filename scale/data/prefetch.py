@@ -1,7 +1,7 @@
 """Batches on the GPU before the step asks for them (data.prefetch_to_device, on by default; CUDA only).
 
-`prefetch_to_device` returns the loader itself on a CPU (nothing to copy), when switched off, or for a loader that
-reads ahead by itself (DALI). Otherwise a `DevicePrefetcher`: the loader's interface, whose iteration yields each
+`prefetch_to_device` returns the loader itself on a CPU (nothing to copy), when switched off, for a loader that
+reads ahead by itself (DALI) or whose batches are on the device already (the bench's synthetic batch). Otherwise a `DevicePrefetcher`: the loader's interface, whose iteration yields each
 batch already on the device while the copy of the next one, from pinned host memory (the loader's DataLoader pins
 on CUDA), runs on a side stream and overlaps the step.
 
@@ -35,6 +35,8 @@ def prefetch_to_device(loader, device: torch.device, enabled: bool, check: Calla
     """`check` runs on each batch on the host, before its copy (Method.check_batch: a check on the device would make
     the host wait)."""
     if device.type != "cuda" or not enabled or getattr(loader, "reads_ahead", False):
+        return loader
+    if getattr(loader, "on_device", False):  # a synthetic batch made once on the device: nothing to copy
         return loader
     return DevicePrefetcher(loader, CudaCopy(device), check)
 

@@ -11,8 +11,14 @@ from scale.engine.guard import FiniteGuard
 from scale.methods.base import Method
 
 
+def no_phase(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
 class Engine(abc.ABC):
     optimizer: torch.optim.Optimizer
+    # entered around the parts of `step` ("clip", "guard", "optimizer"): TrainStep sets its own phase hook here
+    phase: Callable[[str], contextlib.AbstractContextManager] = staticmethod(no_phase)
 
     @abc.abstractmethod
     def setup(self, method: Method) -> None:

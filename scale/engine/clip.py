@@ -23,17 +23,20 @@ def grad_sq_norms(grads: list[torch.Tensor]) -> torch.Tensor:
     list index into a tensor: that index is a pageable host-to-device copy, a host sync on CUDA."""
     if not grads:
         return torch.zeros(0)
-    squares = [norm.float().pow(2) for norm in torch._foreach_norm([local(g) for g in grads])]
     sharded = [i for i, g in enumerate(grads) if isinstance(g, DTensor)]
+    if len(sharded) not in (0, len(grads)):  # some sharded, some not: the sharded ones summed apart
+        squares = list(grad_sq_norms([grads[i] for i in sharded]).unbind())
+        plain = sorted(set(range(len(grads))) - set(sharded))
+        placed = dict(zip(sharded, squares)) | dict(zip(plain, grad_sq_norms([grads[i] for i in plain]).unbind()))
+        return torch.stack([placed[i] for i in range(len(grads))])
+    # one launch for every norm, one for the squares (not one per gradient)
+    squares = torch.stack(torch._foreach_norm([local(g) for g in grads])).float().pow(2)
     if sharded:
-        first = grads[sharded[0]]  # FSDP2 places every parameter on the same mesh the same way
-        part = torch.stack([squares[i] for i in sharded])
+        first = grads[0]  # FSDP2 places every parameter on the same mesh the same way
         for dim, placement in enumerate(first.placements):
             if placement.is_shard():
-                dist.all_reduce(part, group=first.device_mesh.get_group(dim))
-        for i, square in zip(sharded, part.unbind(), strict=True):
-            squares[i] = square
-    return torch.stack(squares)
+                dist.all_reduce(squares, group=first.device_mesh.get_group(dim))
+    return squares
 
 
 def clip_gradients(grads: list[torch.Tensor], max_norm: float, mode: str) -> torch.Tensor:
@@ -42,8 +45,10 @@ def clip_gradients(grads: list[torch.Tensor], max_norm: float, mode: str) -> tor
     sq = grad_sq_norms(grads)
     total = sq.sum().sqrt()
     if max_norm > 0 and grads:
-        norms = sq.sqrt() if mode == "per_param" else total.expand_as(sq)
-        factors = (max_norm / (norms + 1e-6)).clamp(max=1.0)
         locals_ = [local(g) for g in grads]
-        torch._foreach_mul_(locals_, list(factors.unbind()))
+        if mode == "per_param":  # a factor per gradient (on CUDA one kernel per gradient: eager has no fused form)
+            factors = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(locals_, list(factors.unbind()))
+        else:  # one factor on the device for all: one fused launch
+            torch._foreach_mul_(locals_, (max_norm / (total + 1e-6)).clamp(max=1.0))
     return total

@@ -1,7 +1,8 @@
-"""DDP: the student is replicated and wrapped in DistributedDataParallel; the teacher (no gradients) stays a plain
+"""DDP: the student is replicated and wrapped in DistributedDataParallel (left plain on one rank); the teacher (no gradients) stays a plain
 replicated module, updated on every rank by the same EMA."""
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from scale.engine import torch_compat
 from scale.engine.ema import copy_student_to_teacher
@@ -12,6 +13,7 @@ from scale.methods.base import Method
 
 class DDPEngine(TorchEngine):
     kind = "ddp"
+    lowp_teacher_weights = True
 
     def wrap(self, method: Method, meta: bool) -> None:
         if meta:
@@ -20,6 +22,10 @@ class DDPEngine(TorchEngine):
                 broadcast_module(module, self.dist_info.dp_group)
             if method.teacher is not None:
                 copy_student_to_teacher(method.teacher, method.student)
+        if self.dist_info.dp_size == 1:
+            # one replica has nothing to average: DDP would only copy every gradient into its buckets (a launch per
+            # parameter per step) for an all-reduce of one rank
+            return
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # buffers are not broadcast, as under FSDP2 and DeepSpeed (BatchNorm statistics are SyncBN's on GPU).
         # No init_sync: setup() has broadcast rank 0's parameters and buffers already; DDP's own sync would repeat it
@@ -37,7 +43,8 @@ class DDPEngine(TorchEngine):
 
     def set_gradient_sync(self, enabled: bool) -> None:
         # what DDP's no_sync() toggles; read at the next forward, so it is set right after the previous backward
-        self.method.student.require_backward_grad_sync = enabled
+        if isinstance(self.method.student, DistributedDataParallel):
+            self.method.student.require_backward_grad_sync = enabled
 
     def make_scaler(self):
         return torch.amp.GradScaler(self.device.type, init_scale=2.0**self.cfg.loss_scale_power)

@@ -29,19 +29,34 @@ def ema_pairs(teacher: nn.Module, student: nn.Module) -> tuple[list[torch.Tensor
 
 
 @torch.no_grad()
-def ema_update(teacher: nn.Module, student: nn.Module, momentum: float, skip: torch.Tensor | None = None) -> None:
+def ema_update(
+    teacher: nn.Module,
+    student: nn.Module,
+    momentum: float,
+    skip: torch.Tensor | None = None,
+    pairs: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+) -> None:
     """`skip`: a 0/1 flag on the device (the non-finite guard's); when set, the weight is 0 and the teacher keeps
-    its values (exactly, while the student is finite: t + 0 * (s - t) = t) without a host read."""
-    teacher_locals, student_locals = ema_pairs(teacher, student)
+    its values (exactly, while the student is finite: t + 0 * (s - t) = t) without a host read. `pairs`: the
+    tensors of `ema_pairs(teacher, student)`, built once by an engine whose tensors stay in place."""
+    teacher_locals, student_locals = pairs if pairs is not None else ema_pairs(teacher, student)
     if not teacher_locals:
         return
     if skip is None:
         torch._foreach_lerp_(teacher_locals, student_locals, 1.0 - momentum)
     else:
-        # one 0-d weight per tensor (the tensor-weight overload of _foreach_lerp_ would read it on the host)
-        weight = (1.0 - skip.to(teacher_locals[0].device).float()) * (1.0 - momentum)
-        by_dtype = {t.dtype: weight.to(t.dtype) for t in teacher_locals}
-        torch._foreach_lerp_(teacher_locals, student_locals, [by_dtype[t.dtype] for t in teacher_locals])
+        # t + w * (s - t), lerp's formula for w < 0.5, with w a 0-d tensor on the device: three fused launches.
+        # (_foreach_lerp_ takes a tensor weight only per tensor, which CUDA runs one kernel per tensor, or as a
+        # whole tensor it reads on the host)
+        # (1 - m) - (1 - m) * skip in one launch
+        weight = torch.rsub(skip.to(teacher_locals[0].device).float(), 1.0 - momentum, alpha=1.0 - momentum)
+        for dtype in {t.dtype for t in teacher_locals}:
+            group = [i for i, t in enumerate(teacher_locals) if t.dtype == dtype]
+            ts = [teacher_locals[i] for i in group] if len(group) < len(teacher_locals) else teacher_locals
+            ss = [student_locals[i] for i in group] if len(group) < len(teacher_locals) else student_locals
+            diff = torch._foreach_sub(ss, ts)
+            torch._foreach_mul_(diff, weight.to(dtype))
+            torch._foreach_add_(ts, diff)
 
 
 @torch.no_grad()

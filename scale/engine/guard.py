@@ -15,8 +15,6 @@ The first bad step (0-based) and its kind are kept on the device beside the flag
 import torch
 import torch.distributed as dist
 
-from scale.engine.params import local
-
 KINDS = {1: "non-finite loss", 2: "non-finite gradient norm", 3: "overflowing update (parameters beyond fp32 range)"}
 LOSS, GRADIENT, UPDATE = 1, 2, 3
 _NONE = 2**62  # "no bad step" in the min-reduced first-bad code
@@ -33,31 +31,33 @@ class FiniteGuard:
     def begin(self, step: int) -> None:
         self.step = step
 
-    def _mark(self, kind: int, bad_now: torch.Tensor) -> None:
+    def _mark(self, kind: int, value: torch.Tensor) -> None:
+        """Set the flag when the 0-d `value` is not finite: x - x is 0 for a finite x and NaN for inf or NaN (two
+        launches, where torch.isfinite takes four)."""
+        bad_now = (value - value).ne(0)
         code = torch.where(bad_now, self.step * 4 + kind, _NONE)
         torch.minimum(self.first, code, out=self.first)
-        torch.maximum(self.bad, bad_now.float(), out=self.bad)
+        torch.maximum(self.bad, bad_now, out=self.bad)  # bool promoted to float inside the op: no cast launch
 
     def check_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
         """Before the update: fold this step's losses into the flag and agree on it across ranks (one all-reduce
         of a scalar, no host wait). Returns the flag for the optimizer step."""
-        bad_now = ~torch.isfinite(torch.stack([loss.detach().float() for loss in losses]).sum())
-        self._mark(LOSS, bad_now)
+        self._mark(LOSS, torch.stack([loss.detach().float() for loss in losses]).sum())
         if self.group is not None and dist.get_world_size(self.group) > 1:
             dist.all_reduce(self.bad, op=dist.ReduceOp.MAX, group=self.group)
         return self.bad
 
     def check_gradient(self, grad_norm: torch.Tensor) -> None:
-        self._mark(GRADIENT, ~torch.isfinite(grad_norm))
+        self._mark(GRADIENT, grad_norm)
 
     @torch.no_grad()
-    def check_update(self, params: list[torch.Tensor]) -> None:
-        """After the update: the fp32 sum of squares of this rank's parameters (local shards) overflows or is NaN."""
-        locals_ = [local(p.detach()) for p in params]
+    def check_update(self, locals_: list[torch.Tensor]) -> None:
+        """After the update: the fp32 sum of squares of this rank's parameters overflows or is NaN. `locals_`: the
+        tensors this rank holds (local shards, not DTensors), listed once by the engine."""
         if not locals_:
             return
         sq = torch.stack(torch._foreach_norm(locals_)).float().pow(2).sum()
-        self._mark(UPDATE, ~torch.isfinite(sq))
+        self._mark(UPDATE, sq)
 
     def read(self) -> tuple[int, str] | None:
         """Collective, a host read: None when every step so far was good on every rank, else the first bad

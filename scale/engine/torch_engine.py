@@ -17,12 +17,13 @@ from torch.distributed.checkpoint.state_dict import (
 
 from scale.engine.base import Engine
 from scale.engine.clip import clip_gradients
-from scale.engine.ema import ema_update
+from scale.engine.ema import ema_pairs, ema_update
 from scale.engine.guard import FiniteGuard, guarded_step
+from scale.engine.lowp import LowPrecisionTeacher
 from scale.engine.materialize import is_meta
 from scale.engine.parallel import ParallelContext
 from scale.engine.parallelize import parallelize
-from scale.engine.params import named_parameters, nbytes
+from scale.engine.params import local, named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.methods.base import Method
 from scale.optim import build_optimizer, init_state, keep_settings, param_groups, settings
@@ -47,6 +48,9 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
 class TorchEngine(Engine):
     kind = ""
     sharded = False  # parameters are DTensor shards (FSDP2)
+    # the teacher's forward reads weights kept in the autocast dtype (scale.engine.lowp): where nothing else casts
+    # them once per forward (FSDP2's mixed-precision policy does)
+    lowp_teacher_weights = False
 
     def __init__(self, engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device):
         self.cfg, self.optim_cfg, self.dist_info, self.device = engine_cfg, optim_cfg, dist_info, device
@@ -54,6 +58,8 @@ class TorchEngine(Engine):
         self.method: Method | None = None
         self.scaler = None
         self.micro_step = 0
+        self._held: tuple | None = None  # (student parameters, EMA pairs), built at the first step
+        self.lowp_teacher: LowPrecisionTeacher | None = None
 
     # --- what DDP and FSDP2 do differently
     @abc.abstractmethod
@@ -77,6 +83,9 @@ class TorchEngine(Engine):
                 module.to(self.device)
                 broadcast_module(module, self.dist_info.dp_group)
         parallelize(method, self.cfg, self.precision, self.dist_info, lambda: self.wrap(method, meta))
+        self._held = None
+        if self.lowp_teacher_weights and self.precision.mixed and method.teacher is not None and not self.cfg.compile:
+            self.lowp_teacher = LowPrecisionTeacher(method.teacher, self.precision.dtype)
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         self.optimizer = build_optimizer(groups, self.optim_cfg, self.device, sharded=self.sharded, fused=True)
         init_state(self.optimizer)
@@ -104,7 +113,9 @@ class TorchEngine(Engine):
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         with_grad = [(n, p) for n, p in named_parameters(self.method.student) if p.grad is not None]
-        grad_norm = clip_gradients([p.grad for _, p in with_grad], self.optim_cfg.clip_grad, self.optim_cfg.clip_mode)
+        with self.phase("clip"):
+            grads = [p.grad for _, p in with_grad]
+            grad_norm = clip_gradients(grads, self.optim_cfg.clip_grad, self.optim_cfg.clip_mode)
         # after clipping, as DINO cancels the last layer's gradients after clip_gradients; no gradient: no update
         for name, param in with_grad:
             if frozen is not None and frozen(name):
@@ -118,11 +129,15 @@ class TorchEngine(Engine):
             metrics["loss_scale"] = self.scaler._get_scale_async()
         else:
             if guard is not None:
-                guard.check_gradient(grad_norm)
-            guarded_step(self.optimizer, guard)
+                with self.phase("guard"):
+                    guard.check_gradient(grad_norm)
+            with self.phase("optimizer"):
+                guarded_step(self.optimizer, guard)
         if guard is not None:
-            guard.check_update([p for _, p in named_parameters(self.method.student)])
-        self.optimizer.zero_grad(set_to_none=True)
+            with self.phase("guard"):
+                guard.check_update(self.held()[0])
+        with self.phase("optimizer"):
+            self.optimizer.zero_grad(set_to_none=True)
         self.micro_step = 0
         self.set_gradient_sync(self.cfg.grad_accum == 1)
         return metrics
@@ -130,7 +145,19 @@ class TorchEngine(Engine):
     def ema(self, momentum: float, guard: FiniteGuard | None = None) -> None:
         if self.method.teacher is None:
             raise RuntimeError("ema() called but the method has no teacher")
-        ema_update(self.method.teacher, self.method.student, momentum, None if guard is None else guard.bad)
+        teacher, student = self.method.teacher, self.method.student
+        ema_update(teacher, student, momentum, None if guard is None else guard.bad, pairs=self.held()[1])
+        if self.lowp_teacher is not None:
+            self.lowp_teacher.refresh()
+
+    def held(self) -> tuple[list[torch.Tensor], tuple | None]:
+        """The student's local parameter tensors and the teacher's EMA pairs, listed once: DDP and FSDP2 keep them
+        in place (optimizer steps, EMA and checkpoint loads write into them), so a step walks no parameter list."""
+        if self._held is None:
+            student = [local(p.detach()) for _, p in named_parameters(self.method.student)]
+            pairs = ema_pairs(self.method.teacher, self.method.student) if self.method.teacher is not None else None
+            self._held = (student, pairs)
+        return self._held
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds; gradients counted at their size after backward (fp32, local shards)."""
@@ -173,6 +200,8 @@ class TorchEngine(Engine):
             set_model_state_dict(self.method.teacher, state["teacher"])
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+        if self.lowp_teacher is not None:
+            self.lowp_teacher.refresh()
 
     def export_state_dict(self, which: str = "teacher") -> dict[str, torch.Tensor]:
         module = {"teacher": self.method.teacher, "student": self.method.student}[which]

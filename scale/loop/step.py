@@ -17,7 +17,7 @@ from scale.checkpoint.init import load_init_weights
 from scale.data.batch import Batch, split_batch
 from scale.data.prefetch import prefetch_to_device
 from scale.engine import build_engine
-from scale.engine.base import Engine
+from scale.engine.base import Engine, no_phase
 from scale.engine.dist import seed_everything
 from scale.engine.guard import FiniteGuard
 from scale.engine.parallel import ParallelContext
@@ -29,18 +29,15 @@ from scale.optim import apply_schedule
 from scale.schedules import lr_schedule, wd_schedule
 
 
-def no_phase(name: str) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
-
-
 class TrainStep:
     """Everything one step uses, built in this order: seeded RNGs, the loader, the method, the engine with the
     method's modules set up (`init_weights` loaded into them when given), the schedules, the monitors and the
     non-finite guard. On CUDA the loader is wrapped to copy the next batch ahead (scale.data.prefetch,
     data.prefetch_to_device); `self.loader` is what the checkpointer and the logs read.
     `max_schedule_steps_per_epoch` caps the steps per epoch the schedules cover (scale.bench: its small batches
-    would make ImageNet-long schedule arrays). `phase` is entered around the forward, backward
-    and optimizer parts of every step (scale.bench sets a timer). `make_engine(engine_cfg, optim_cfg, info, device)`
+    would make ImageNet-long schedule arrays). `phase` is entered around the parts of every step
+    (forward, backward, guard, metrics, ema; the engine's step enters clip, guard and optimizer): scale.bench sets
+    a timer or an op counter. `make_engine(engine_cfg, optim_cfg, info, device)`
     builds the engine: the recipe's (`build_engine`), or the planner's trace on fake tensors (scale.bench.trace)."""
 
     def __init__(
@@ -69,6 +66,7 @@ class TrainStep:
             dp_group=info.dp_group,
         )
         self.engine = make_engine(cfg.engine, cfg.optim, info, device)
+        self.engine.phase = phase
         if init_weights and not cfg.engine.meta_init:
             load_init_weights(self.nets(), init_weights, cfg.train.init_what, sharded=False)
         self.engine.setup(self.method)
@@ -98,7 +96,8 @@ class TrainStep:
     def next_batch(self, batches) -> tuple[Batch, float]:
         start = time.perf_counter()
         batch = next(batches)
-        if not self.prefetched:  # a prefetcher has checked it on the host and copied it already
+        # a prefetcher has checked it on the host and copied it already; a synthetic batch is made on the device
+        if not self.prefetched and not getattr(self.loader, "on_device", False):
             self.method.check_batch(batch)
             batch = batch.to(self.device)
         return batch, time.perf_counter() - start
@@ -128,20 +127,26 @@ class TrainStep:
             losses.append(loss.detach())
             with self.phase("backward"):
                 self.engine.backward(loss)
-            for key, value in {"loss": loss.detach(), **metrics}.items():
-                totals[key] = totals.get(key, 0.0) + value / len(micro_batches)
+            with self.phase("metrics"):
+                for key, value in {"loss": loss.detach(), **metrics}.items():
+                    # the mean over micro-batches (one micro-batch: the value itself, no launch)
+                    share = value / len(micro_batches) if len(micro_batches) > 1 else value
+                    totals[key] = totals[key] + share if key in totals else share
         # any rank's non-finite loss: no update (on the device, or read here by an engine whose step waits anyway)
-        self.guard.check_loss(losses)
-        if self.engine.syncs_each_step and self.guard.bad.item():
-            raise NonFiniteStep()
-        totals.update(self.monitors.after_backward(step, self.method.student))  # gradients are zeroed by the step
-        with self.phase("optimizer"):
-            totals.update(self.engine.step(self.method.frozen_params(ctx), self.guard))
-            momentum = self.method.ema_momentum(ctx)
-            if momentum is not None:
+        with self.phase("guard"):
+            self.guard.check_loss(losses)
+            if self.engine.syncs_each_step and self.guard.bad.item():
+                raise NonFiniteStep()
+        with self.phase("metrics"):
+            totals.update(self.monitors.after_backward(step, self.method.student))  # gradients are zeroed by the step
+        totals.update(self.engine.step(self.method.frozen_params(ctx), self.guard))  # enters clip/guard/optimizer
+        momentum = self.method.ema_momentum(ctx)
+        if momentum is not None:
+            with self.phase("ema"):
                 self.engine.ema(momentum, self.guard)
         step_time = time.perf_counter() - started
-        totals.update(self.monitors.after_step(step, self.method.monitor_features, batch.labels))
+        with self.phase("metrics"):
+            totals.update(self.monitors.after_step(step, self.method.monitor_features, batch.labels))
         return {
             **totals,
             "lr": lr,

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from scale.bench.activation import format_rows as format_activation_rows
 from scale.bench.activation import table as activation_table
@@ -13,6 +14,7 @@ from scale.bench.tables import IMAGENET_TRAIN, hours, scaled
 from scale.bench.trace import trace_step
 from scale.commands.bench import _train_parser
 from scale.config import load_recipe
+from scale.data.prefetch import prefetch_to_device
 from scale.data.synthetic import SyntheticLoader, crop_layout, random_batch
 from scale.errors import UserError
 from scale.loop.step import TrainStep
@@ -72,6 +74,15 @@ def test_synthetic_batches_have_the_recipes_layout():
     assert random_batch(tiny, 2).labels.max() < tiny.data.num_classes
     with pytest.raises(UserError, match="divisible"):
         SyntheticLoader(load_recipe(TINY_RECIPE, ["train.global_batch=5"]), 0, 2)
+
+
+def test_a_synthetic_batch_on_the_device_is_made_once_and_never_copied():
+    """The bench's batch lives on the device: no prefetcher (a CUDA device is named, never touched) and no copy."""
+    tiny = load_recipe(TINY_RECIPE, ["train.global_batch=2"])
+    loader = SyntheticLoader(tiny, 0, 1, torch.device("cpu"))
+    assert prefetch_to_device(loader, torch.device("cuda"), True, lambda batch: None) is loader
+    first, second = list(zip(range(2), loader))
+    assert first[1] is second[1] and loader.on_device and not SyntheticLoader(tiny, 0, 1).on_device
 
 
 def test_collective_time_counts_overlaps_once():

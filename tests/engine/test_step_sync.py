@@ -3,13 +3,11 @@
 DDP and FSDP2 (one gloo process), multi-crop included, and with engine.compile, whose compiled steps also reuse the
 first step's graphs."""
 
-import traceback
-
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from scale.bench.host import SyncCounter
 from scale.config import load_recipe
 from scale.data.synthetic import SyntheticLoader
 from scale.loop.step import TrainStep, read_record
@@ -22,44 +20,6 @@ TINY = {
     "mocov3": [],
     "drloc": ["method.supervised.mixup=0.0"],
 }
-
-
-class SyncCounter(TorchDispatchMode):
-    """Counts host reads of tensor values, keeping where each happened: aten._local_scalar_dense (`.item()`,
-    `bool()`, `float()`, `.tolist()` of a device tensor) and, because a CPU tensor's `.tolist()` reads its memory
-    without dispatching an op, every Python call of `Tensor.tolist`."""
-
-    def __init__(self):
-        super().__init__()
-        self.places: list[str] = []
-
-    def _record(self) -> None:
-        self.places.append("".join(traceback.format_stack(limit=7)[:-2]))
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        # torch.compile runs its graphs under this mode instead of refusing them; under the aot_eager backend
-        # their ops still dispatch one by one, so a host read inside a compiled graph is counted too
-        return True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self._record()
-        return func(*args, **(kwargs or {}))
-
-    def __enter__(self):
-        tolist = torch.Tensor.tolist
-
-        def counted(tensor):
-            self._record()
-            return tolist(tensor)
-
-        self._tolist, torch.Tensor.tolist = tolist, counted
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
-        return super().__exit__(*exc)
 
 
 def build_step(group, method: str, engine: str, *extra: str) -> TrainStep:

@@ -12,8 +12,8 @@ import pytest
 import torch
 from gpu_env import DEVICE
 from test_step_guard import TINY, nan_at, state
-from test_step_sync import SyncCounter
 
+from scale.bench.host import SyncCounter
 from scale.config import load_recipe
 from scale.data.synthetic import SyntheticLoader
 from scale.engine.dist import shutdown
