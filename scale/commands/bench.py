@@ -267,14 +267,21 @@ def _ac_parser() -> argparse.ArgumentParser:
 
 
 # each benchmark's own parser (the command reference lists their options; "RECIPE": `scale bench RECIPE`)
-PARSERS = {"RECIPE": _train_parser, "data": _data_parser, "table": table_parser, "ckpt": _ckpt_parser, "ac": _ac_parser}
+PARSERS = {
+    "RECIPE": _train_parser,
+    "data": _data_parser,
+    "table": table_parser,
+    "ckpt": _ckpt_parser,
+    "ac": _ac_parser,
+    "host": host_parser,
+}
 
 
 def register(sub) -> None:
     parser = sub.add_parser(
         "bench",
         help="throughput benchmarks: `scale bench RECIPE` (training steps), "
-        "`scale bench data RECIPE`, `scale bench table NAME`, `scale bench ac RECIPE`",
+        "`scale bench data RECIPE`, `scale bench table NAME`, `scale bench ac RECIPE`, `scale bench host RECIPE`",
     )
     parser.add_argument("target", help=f"a recipe, or one of: {', '.join(BENCHES)}")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of that benchmark")
