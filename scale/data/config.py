@@ -17,7 +17,9 @@ class ViewsConfig:
     n_local: list[int] = at_least([8], 0, resume=NOTED)  # more or fewer local crops: no checkpointed shape
     local_scale: list[float] = within([0.05, 0.4], 0.0, 1.0)
     ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
-    interpolation: str = choice("bicubic", listed_in("scale.data.views", "INTERPOLATION"))  # bicubic, bilinear
+    interpolation: str = choice(
+        "bicubic", listed_in("scale.data.views", "INTERPOLATION", ("bicubic", "bilinear"))
+    )  # bicubic, bilinear
     flip_p: float = within(0.5, 0.0, 1.0)
     color_jitter: list[float] = field(default_factory=lambda: [0.4, 0.4, 0.2, 0.1])
     color_jitter_p: float = within(0.8, 0.0, 1.0)
@@ -31,7 +33,7 @@ class ViewsConfig:
     # multicrop, two_view: flip, jitter, greyscale, blur, solarize in the CPU workers (cpu) or batched on the device
     # (device: the workers ship uint8 crops); auto: device when the batches go to a CUDA device (data.backend=dali
     # has its own path)
-    photometric_on: str = choice("auto", listed_in("scale.data.photometric", "PLACES"))
+    photometric_on: str = choice("auto", listed_in("scale.data.photometric", "PLACES", ("auto", "cpu", "device")))
     mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
     std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
     # supervised views (timm transform factory)
@@ -48,10 +50,10 @@ class DataConfig:
     train: str = plain("${oc.env:SCALE_DATA,data}/imagenet1k/train", NOTED)  # moved shards; the position is kept
     val: str = "${oc.env:SCALE_DATA,data}/imagenet1k/val"
     # torchvision | dali (the extra `dali`; multicrop and two_view views)
-    backend: str = choice("torchvision", listed_in("scale.data.factory", "BACKENDS"))
+    backend: str = choice("torchvision", listed_in("scale.data.factory", "BACKENDS", ("torchvision", "dali")))
     dali_device: str = choice("auto", ["auto", "gpu", "cpu"])  # auto: the GPU when CUDA is available
     # epochs: every sample once per epoch | resampled: an infinite stream
-    mode: str = choice("epochs", listed_in("scale.data.loader", "MODES"))
+    mode: str = choice("epochs", listed_in("scale.data.loader", "MODES", ("epochs", "resampled")))
     workers: int = at_least(4, 0)
     # CUDA: pinned batches, the next one copied to the GPU on a side stream during the step (scale/data/prefetch.py)
     prefetch_to_device: bool = True
