@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from scale.errors import UserError
+from scale.extras import import_timm
 from scale.models import BACKBONES, available
 
 _FACTORIES: dict[str, Callable] = {}
@@ -31,6 +32,7 @@ def factory_of(name: str) -> Callable:
     """The factory of backbone `name`, its family imported (importing this module alone registers none)."""
     if name not in BACKBONES:
         raise UserError(f"model.name: unknown backbone '{name}'; available: {', '.join(available())}")
+    import_timm()  # without wandb
     importlib.import_module(f"scale.models.{BACKBONES[name]}")
     return _FACTORIES[name]
 
