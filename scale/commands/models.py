@@ -40,7 +40,7 @@ def cmd_table(args) -> int:
         print(json.dumps(list(table(specs)), indent=2))
         return 0
     columns = COLUMNS if specs is None else COLUMNS[:-1]  # named models have no recipes column
-    widths = [34] + [max(len(title), 10) for _, title, _ in columns[1:]]  # model: name/patch/window/heads, options
+    widths = [46] + [max(len(title), 10) for _, title, _ in columns[1:]]  # model: name/patch/window/heads, options
     print(_line([title for _, title, _ in columns], widths))
     for row in table(specs):  # each row as soon as it is counted
         cells = {**row, "recipes": len(row.get("recipes", []))}

@@ -64,6 +64,7 @@ def spec_of(cfg) -> str:
         spec += f"/h{cfg.num_heads}"
     extras = [cfg.pos_embed + (" trainable" if cfg.pos_embed_trainable else "")] if cfg.pos_embed != "learned" else []
     extras += ["avg-pool"] if cfg.pooling != "cls" else []
+    extras += ["no final norm"] if not cfg.final_norm else []
     extras += [f"img{cfg.img_size}"] if cfg.img_size != GLOBAL_PX else []
     return spec + (f" ({', '.join(extras)})" if extras else "")
 
@@ -82,19 +83,25 @@ def build(cfg) -> tuple[ModelConfig, torch.nn.Module]:
     return cfg, build_backbone(cfg, drop_path=0.0, device="meta")
 
 
-def describe(cfg, model: torch.nn.Module | None = None) -> dict:
+def describe(cfg, model: torch.nn.Module | None = None, counted: dict | None = None) -> dict:
     """One row: counts of the backbone alone (no heads) at the global and the local crop size, each the multiple of
-    the patch size nearest to 224 and 96 px (the row says which: global_px, local_px)."""
+    the patch size nearest to 224 and 96 px (the row says which: global_px, local_px). `counted`: the forwards
+    counted so far, by modules, pooling and size: backbones that differ only in their position embedding (learned,
+    sin-cos, trainable or none: an addition, which counts no multiply-add) are counted once."""
     if model is None:
         cfg, model = build(cfg)
+    counted = {} if counted is None else counted
     patch = cfg.patch_size or 1
     global_px, local_px = accepted_px(GLOBAL_PX, patch), accepted_px(96, patch)
     row = {"model": spec_of(cfg), "params_M": count_params(model) / 1e6}
     for label, size in (("global", global_px), ("local", local_px)):
-        macs, out = count_forward(model, size)
+        key = (_structure(model, skip="pos_embed"), cfg.pooling, size)
+        if key not in counted:
+            macs, out = count_forward(model, size)
+            counted[key] = macs, "x".join(str(int(n)) for n in out["grid"])
+        macs, row[f"{label}_tokens"] = counted[key]
         row[f"{label}_px"] = size
         row[f"{label}_GMACs"] = macs / 1e9
-        row[f"{label}_tokens"] = "x".join(str(int(n)) for n in out["grid"])
     return row
 
 
@@ -118,9 +125,16 @@ def signature(cfg, model: torch.nn.Module) -> tuple:
     """What makes two backbones the same one: their modules, parameters and buffers (names and shapes), and the
     options that change only the forward. Options left at their default (model.patch_size None is the family's
     16) or spelt twice (vit_bn_large is vit_large with model.bn_mlp) give the same signature."""
-    shapes = [(n, tuple(t.shape)) for n, t in model.named_parameters()]
-    buffers = [(n, tuple(t.shape)) for n, t in model.named_buffers()]
-    return repr(model), tuple(shapes), tuple(buffers), cfg.pooling, cfg.pos_embed
+    return _structure(model), cfg.pooling, cfg.pos_embed, cfg.pos_embed_trainable
+
+
+def _structure(model: torch.nn.Module, skip: str | None = None) -> tuple:
+    """The modules and their attention heads (which neither a module's repr nor a shape shows), and the names and
+    shapes of the parameters and buffers (but those whose name holds `skip`)."""
+    heads = tuple(m.num_heads for m in model.modules() if isinstance(getattr(m, "num_heads", None), int))
+    shapes = [(n, tuple(t.shape)) for n, t in model.named_parameters() if skip is None or skip not in n]
+    buffers = [(n, tuple(t.shape)) for n, t in model.named_buffers() if skip is None or skip not in n]
+    return repr(model), heads, tuple(shapes), tuple(buffers)
 
 
 def recipe_models() -> list[tuple[str, object]]:
@@ -161,5 +175,6 @@ def table(specs: list[str] | None = None) -> Iterator[dict]:
     for cfg, names in configs.values():
         cfg, model = build(cfg)
         backbones.setdefault(signature(cfg, model), (cfg, model, []))[2].extend(names)
+    counted: dict = {}
     for cfg, model, names in backbones.values():
-        yield dict(describe(cfg, model), recipes=sorted(names))
+        yield dict(describe(cfg, model, counted), recipes=sorted(names))

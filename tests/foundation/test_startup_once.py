@@ -69,3 +69,33 @@ def test_the_launcher_checks_once_for_its_ranks(monkeypatch, tmp_path):
     monkeypatch.delenv(scale.loop.train.CHECKED)
     assert main("demo/dino_tiny", [*TINY, "train.max_steps=2"], run_dir=run, synthetic=True) == 0
     assert checked == ["trackers", "startup"]
+
+
+# one training process of the demo (one step, synthetic data) through the command line, then the modules it imported
+RANK_PROBE = """
+import json, sys
+from scale.cli import main
+assert main(["train", "demo/dino_tiny", "--synthetic-data", "--run-dir", sys.argv[1], *json.loads(sys.argv[2])]) == 0
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_rank_imports_what_its_recipe_runs(tmp_path):
+    """adamw, fsdp2, no tracker, no validation: no wandb (timm imports it for its own scripts), no mlflow, no
+    tensorboard, no timm optimizers, no DeepSpeed, no evaluation code."""
+    import json
+    import subprocess
+    import sys
+
+    overrides = [*TINY, "train.max_steps=1", "train.probe.enabled=false"]
+    out = subprocess.run(
+        [sys.executable, "-c", RANK_PROBE, str(tmp_path / "run"), json.dumps(overrides)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    modules = set(json.loads(out.stdout.splitlines()[-1]))
+    assert {"torch", "timm", "scale.loop.train", "scale.methods.dino"} <= modules
+    unwanted = ("wandb", "mlflow", "tensorboard", "timm.optim", "deepspeed", "scale.eval", "scale.methods.mocov3")
+    assert sorted(m for m in modules if any(m == u or m.startswith(f"{u}.") for u in unwanted)) == []

@@ -50,6 +50,18 @@ def test_one_row_per_backbone_however_spelt():
     )
 
 
+def test_a_forward_is_counted_once_for_backbones_that_compute_the_same():
+    from scale.models.table import describe, parse_spec
+
+    counted: dict = {}
+    learned = describe(parse_spec("vit_nano/16"), None, counted)
+    sincos = describe(replace(parse_spec("vit_nano/16"), pos_embed="sincos"), None, counted)
+    assert len(counted) == 2 and sincos["global_GMACs"] == learned["global_GMACs"]  # 224 and 96 px, once each
+    assert sincos["params_M"] < learned["params_M"]  # a buffer, not a parameter
+    w7, w14 = (describe(parse_spec(spec), None, counted) for spec in ("swin_nano", "swin_nano/w14"))
+    assert len(counted) == 6 and w14["global_GMACs"] > w7["global_GMACs"]  # the window shapes the attention
+
+
 def test_recipes_model_sections_read_as_the_loader_reads_them():
     from scale.config import list_recipes, load_recipe, recipe_name
     from scale.models.table import recipe_models
