@@ -81,13 +81,13 @@ print(json.dumps(sorted(sys.modules)))
 
 
 def test_a_rank_imports_what_its_recipe_runs(tmp_path):
-    """adamw, fsdp2, no tracker, no validation: no wandb (timm imports it for its own scripts), no mlflow, no
-    tensorboard, no timm optimizers, no DeepSpeed, no evaluation code."""
+    """adamw, fsdp2, no tracker (train.trackers=[]), no validation: no wandb (timm imports it for its own scripts),
+    no mlflow, no tensorboard, no timm optimizers, no DeepSpeed, no evaluation code, no other method."""
     import json
     import subprocess
     import sys
 
-    overrides = [*TINY, "train.max_steps=1", "train.probe.enabled=false"]
+    overrides = [*TINY, "train.max_steps=1", "train.probe.enabled=false", "train.trackers=[]"]
     out = subprocess.run(
         [sys.executable, "-c", RANK_PROBE, str(tmp_path / "run"), json.dumps(overrides)],
         capture_output=True,
