@@ -1,6 +1,7 @@
 """The method registry: every kind that registry.KINDS declares is one Method class of scale/methods/<kind>.py and
-nothing else is, the schema's choices are the registry's, every kind builds, and the old `method.kind=mocov3` + `method.moco.variant` spelling still
-loads (recipes, the command line, a run directory's config.yaml) with one deprecation notice."""
+nothing else is, the schema's choices are the registry's, every kind builds, and the old `method.kind=mocov3` +
+`method.moco.variant` spelling still loads (recipes, the command line, a run directory's config.yaml) with one
+deprecation notice."""
 
 import pytest
 from omegaconf import OmegaConf
