@@ -1,7 +1,7 @@
 """Recipe fields with a rule the loader checks before anything runs. Declare the rule where the field is declared:
 
     kind: str = choice("fsdp2", ["ddp", "fsdp2", "deepspeed"])  # a closed set
-    mode: str = choice("none", listed_in("scale.engine.activation", "MODES", ("none", "full")))  # declared here
+    mode: str = choice("epochs", listed_in("scale.data.loader", "MODES", ("epochs", "resampled")))  # as implemented
     workers: int = at_least(4, 0)  # a lower bound; for a list, of each element; None always passes
     flip_p: float = within(0.5, 0.0, 1.0)  # both bounds, inclusive
     img_size: int = at_least(224, 1, resume=FIXED)  # a resumed run must keep it (it shapes a tensor)
