@@ -31,3 +31,18 @@ def available(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ImportError:  # a submodule whose parent package is missing
         return False
+
+
+def import_timm() -> ModuleType:
+    """`import timm` without the wandb that timm imports for its own training script (timm.utils.summary tries
+    `import wandb`: 2-3 CPU seconds per process, paid by every rank of a run that tracks nothing). wandb is hidden
+    only while timm imports, so a run with train.trackers=[wandb] imports it as usual (scale.trackers)."""
+    import sys
+
+    if "timm" in sys.modules or "wandb" in sys.modules:
+        return importlib.import_module("timm")
+    sys.modules["wandb"] = None  # type: ignore[assignment]  # `import wandb` raises ImportError, which timm catches
+    try:
+        return importlib.import_module("timm")
+    finally:
+        del sys.modules["wandb"]

@@ -11,7 +11,6 @@ import importlib.util
 from collections.abc import Iterable
 
 import torch
-from timm.optim import Lamb, Lars
 
 from scale.errors import UserError
 
@@ -89,6 +88,8 @@ def build_optimizer(
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused)
     if cfg.name == "lars":
+        from timm.optim import Lars  # timm's optimizers cost seconds to import: only for the recipes that use them
+
         # timm's LARS skips the trust ratio where weight decay is 0, i.e. on the no-decay group, as DINO's LARS does
         return Lars(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cuda and not sharded and apex_available():
@@ -99,6 +100,8 @@ def build_optimizer(
         return FusedLAMB(
             groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, max_grad_norm=float("inf")
         )
+    from timm.optim import Lamb
+
     return Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, max_grad_norm=None)
 
 

@@ -28,7 +28,10 @@ def register(sub) -> None:
 
 
 def cmd_info(args) -> int:
-    from scale.checkpoint.export import info  # torch: only when the command runs
+    from scale.checkpoint.store import checkpoints_root
+
+    checkpoints_root(args.path)  # a path that is no run fails here, before torch is imported (exit 2)
+    from scale.checkpoint.export import info  # torch: it reads the checkpoint's tensors (the model checksum)
 
     result = info(args.path, args.verify)
     if args.json:

@@ -33,21 +33,21 @@ def register(sub) -> None:
 
 
 def cmd_table(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from scale.models.table import table  # imports torch and timm: only when this command runs
 
     specs = [s for s in args.models.split(",") if s.strip()] if args.models else None
-    rows = table(specs)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(list(table(specs)), indent=2))
         return 0
-    columns = [c for c in COLUMNS if any(c[0] in row for row in rows)]
-    out = Table(*(title for _, title, _ in columns))
-    for row in rows:
-        cells = {**row, "recipes": len(row["recipes"])} if "recipes" in row else row
-        out.add_row(*(fmt.format(cells[key]) for key, _, fmt in columns))
-    console = Console()
-    Console(width=max(console.width, 130)).print(out)  # keep every column readable when piped
+    columns = COLUMNS if specs is None else COLUMNS[:-1]  # named models have no recipes column
+    widths = [46] + [max(len(title), 10) for _, title, _ in columns[1:]]  # model: name/patch/window/heads, options
+    print(_line([title for _, title, _ in columns], widths))
+    for row in table(specs):  # each row as soon as it is counted
+        cells = {**row, "recipes": len(row.get("recipes", []))}
+        print(_line([fmt.format(cells[key]) for key, _, fmt in columns], widths), flush=True)
     return 0
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    """The model column left-aligned, the numbers right-aligned."""
+    return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(cells, widths)))

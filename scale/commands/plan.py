@@ -78,21 +78,23 @@ def gpu_model(args) -> tuple[float, str, str]:
 
 
 def cmd_plan(args) -> int:
-    from scale.bench.flops import table_peak
-    from scale.bench.plan import format_plan, plan
-    from scale.bench.trace import trace_step
     from scale.config import load_recipe
-    from scale.engine.kinds import recipe_setting
     from scale.errors import UserError
 
-    cfg = load_recipe(args.recipe, args.overrides)
+    # the arguments and the recipe are checked before the planner's imports (torch, timm): usage errors are quick
     world, gpus_per_node = layout(args)
-    if world < 1 or cfg.train.global_batch % world:
-        raise UserError(f"{world} GPUs must be >= 1 and divide train.global_batch {cfg.train.global_batch}")
     if (args.gpu_mem is not None and args.gpu_mem <= 0) or not 0 < args.mfu <= 1:
         raise UserError("--gpu-mem, --bandwidth and --inter-bandwidth must be positive and --mfu in (0, 1]")
     if args.bandwidth <= 0 or args.inter_bandwidth <= 0:
         raise UserError("--gpu-mem, --bandwidth and --inter-bandwidth must be positive and --mfu in (0, 1]")
+    cfg = load_recipe(args.recipe, args.overrides)
+    if world < 1 or cfg.train.global_batch % world:
+        raise UserError(f"{world} GPUs must be >= 1 and divide train.global_batch {cfg.train.global_batch}")
+    from scale.bench.flops import table_peak
+    from scale.bench.plan import format_plan, plan
+    from scale.bench.trace import trace_step
+    from scale.engine.kinds import recipe_setting
+
     gpu_mem, gpu_name, gpu_source = gpu_model(args)
     precision = cfg.engine.precision
     peak = (

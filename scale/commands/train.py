@@ -28,6 +28,11 @@ def cmd_train(args) -> int:
 
     if args.nproc > 1 and not already_launched():  # this process will launch the ranks
         catch_early_signals()
+    from scale.config.load import recipe_path
+    from scale.extras import import_timm
+
+    recipe_path(args.recipe)  # a misspelt name fails here, before the loop's imports (torch)
+    import_timm()  # before the loop imports it: without wandb
     from scale.loop.preemption import launcher_status
     from scale.loop.train import main
 

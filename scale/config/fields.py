@@ -1,7 +1,7 @@
 """Recipe fields with a rule the loader checks before anything runs. Declare the rule where the field is declared:
 
-    kind: str = choice("fsdp2", ["ddp", "fsdp2", "deepspeed"])  # a closed set: a list, or a function returning one
-    mode: str = choice("none", listed_in("scale.engine.activation", "MODES"))  # the list the implementation reads
+    kind: str = choice("fsdp2", ["ddp", "fsdp2", "deepspeed"])  # a closed set
+    mode: str = choice("epochs", listed_in("scale.data.loader", "MODES", ("epochs", "resampled")))  # as implemented
     workers: int = at_least(4, 0)  # a lower bound; for a list, of each element; None always passes
     flip_p: float = within(0.5, 0.0, 1.0)  # both bounds, inclusive
     img_size: int = at_least(224, 1, resume=FIXED)  # a resumed run must keep it (it shapes a tensor)
@@ -16,19 +16,18 @@ tests/checkpoint/test_fixed_fields.py fails when a field that shapes a checkpoin
 
 Every float, checked or not, must be finite (no .nan or .inf).
 
-Where the implementation keeps a table or tuple of the choices, the schema reads that one (`listed_in`) and the
-implementation does not check the value again: the loader has. Adding a choice is adding it to that one list;
-adding a checked field is declaring it with one of these.
+Where the implementation keeps a table or tuple of the choices, the schema declares the same values beside the field
+(`listed_in`: the values, and where the implementation lists them) and the implementation does not check the value
+again: the loader has. The schema never imports the implementation (loading, checking and showing a recipe import no
+torch: tests/foundation/test_cli_light.py); tests/config/test_choices.py fails when the two lists differ. Adding a
+choice is adding it to both; adding a checked field is declaring it with one of these.
 scale/config/validate.py reads the rules back from the dataclass fields' metadata.
 """
 
 import copy
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import field
 from typing import Any
-
-Choices = Sequence[Any] | Callable[[], Sequence[Any]]
 
 # what a field may do between a run and its resumed continuation (the `resume` rule)
 FREE, NOTED, FIXED = "free", "noted", "fixed"
@@ -49,15 +48,23 @@ def plain(default: Any, resume: str) -> Any:
     return _field(default, resume)
 
 
-def choice(default: Any, choices: Choices, resume: str = FREE) -> Any:
-    """A field whose value must be one of `choices` (a function is called at check time: registries)."""
+def choice(default: Any, choices: Sequence[Any], resume: str = FREE) -> Any:
+    """A field whose value must be one of `choices`."""
     return _field(default, resume, choices=choices)
 
 
-def listed_in(module: str, name: str) -> Callable[[], list]:
-    """The choices as the module that implements them lists them (`name`: a tuple, or a dict keyed by choice),
-    imported when a recipe is checked: one list, and the schema stays import-light."""
-    return lambda: list(getattr(importlib.import_module(module), name))
+class Listed(tuple):
+    """Choices that an implementation module also lists: `source` is (module, name) of its tuple, or of its dict
+    keyed by choice, which tests/config/test_choices.py compares with these values (the loader never imports it)."""
+
+    source: tuple[str, str]
+
+
+def listed_in(module: str, name: str, choices: Sequence[Any]) -> Listed:
+    """`choices`, declared as `module.name` lists them (same values, same order)."""
+    listed = Listed(choices)
+    listed.source = (module, name)
+    return listed
 
 
 def at_least(default: Any, low: float, resume: str = FREE) -> Any:

@@ -39,7 +39,10 @@ def recipe_path(name_or_path: str, relative_to: Path | None = None) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
-    raise ConfigError(f"recipe not found: '{name_or_path}' (looked for {', '.join(str(c) for c in candidates)})")
+    close = [] if relative_to else difflib.get_close_matches(name_or_path, map(recipe_name, list_recipes()), n=1)
+    hint = f"did you mean '{close[0]}'?" if close else "`scale recipes list` lists them"
+    looked = ", ".join(str(c) for c in candidates)
+    raise ConfigError(f"recipe not found: '{name_or_path}' (looked for {looked}); {hint}")
 
 
 def recipe_name(path: Path) -> str:

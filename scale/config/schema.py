@@ -60,13 +60,18 @@ class TrainConfig:
     # teacher (that whole net, heads too, into both) | all (student into student, teacher into teacher)
     init_weights: str = ""
     # the part of train.init_weights to load: backbone | student | teacher | all (see init_weights)
-    init_what: str = choice("backbone", listed_in("scale.checkpoint.layouts", "WHAT"))
+    init_what: str = choice(
+        "backbone", listed_in("scale.checkpoint.layouts", "WHAT", ("backbone", "student", "teacher", "all"))
+    )
     # roll back: resume from the sealed checkpoint of this step (newer ones are moved to checkpoints/set_aside/,
     # never deleted); None: the newest loadable one. Applied once (checkpoints/steering.json)
     resume_step: int | None = at_least(None, 0)
     # parts of the saved state a resume leaves fresh, on purpose: optimizer | data | schedules | ema (docs/how-to/resume.md); applied once, like resume_step
-    reset: list[str] = choice([], listed_in("scale.checkpoint.steering", "RESETS"))
+    reset: list[str] = choice(
+        [], listed_in("scale.checkpoint.steering", "RESETS", ("optimizer", "data", "schedules", "ema"))
+    )
     # experiment trackers besides metrics.jsonl (always): tensorboard | wandb | mlflow (docs/how-to/trackers.md)
+    # experiment trackers besides metrics.jsonl (always): tensorboard | wandb | mlflow (README 'Tracking runs')
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)  # the collapse alarm (docs/how-to/watch.md)

@@ -23,7 +23,9 @@ class ViewsConfig:
     local_scale: list[float] = within([0.05, 0.4], 0.0, 1.0)
     # aspect-ratio range of the random resized crops
     ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
-    interpolation: str = choice("bicubic", listed_in("scale.data.views", "INTERPOLATION"))  # bicubic, bilinear
+    interpolation: str = choice(
+        "bicubic", listed_in("scale.data.views", "INTERPOLATION", ("bicubic", "bilinear"))
+    )  # bicubic, bilinear
     # probability of a horizontal flip
     flip_p: float = within(0.5, 0.0, 1.0)
     # brightness, contrast, saturation and hue of the colour jitter
@@ -45,7 +47,7 @@ class ViewsConfig:
     # multicrop, two_view: flip, jitter, greyscale, blur, solarize in the CPU workers (cpu) or batched on the device
     # (device: the workers ship uint8 crops); auto: device when the batches go to a CUDA device (data.backend=dali
     # has its own path)
-    photometric_on: str = choice("auto", listed_in("scale.data.photometric", "PLACES"))
+    photometric_on: str = choice("auto", listed_in("scale.data.photometric", "PLACES", ("auto", "cpu", "device")))
     # per-channel mean of the normalisation
     mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
     # per-channel standard deviation of the normalisation
@@ -60,7 +62,7 @@ class ViewsConfig:
     eval_crop: int = at_least(224, 1)
     # evaluation views: the resize's interpolation: bicubic (DINO eval_linear.py, DeiT datasets.py) or bilinear
     # (MoCo v3 main_lincls.py, transfer/datasets.py: torchvision's default)
-    eval_interpolation: str = choice("bicubic", listed_in("scale.data.views", "INTERPOLATION"))
+    eval_interpolation: str = choice("bicubic", listed_in("scale.data.views", "INTERPOLATION", ("bicubic", "bilinear")))
 
 
 @dataclass
@@ -70,10 +72,10 @@ class DataConfig:
     # the validation split's shard directory (evaluations, k-NN monitor, in-training validation)
     val: str = "${oc.env:SCALE_DATA,data}/imagenet1k/val"
     # torchvision | dali (the extra `dali`; multicrop and two_view views)
-    backend: str = choice("torchvision", listed_in("scale.data.factory", "BACKENDS"))
+    backend: str = choice("torchvision", listed_in("scale.data.factory", "BACKENDS", ("torchvision", "dali")))
     dali_device: str = choice("auto", ["auto", "gpu", "cpu"])  # auto: the GPU when CUDA is available
     # epochs: every sample once per epoch | resampled: an infinite stream
-    mode: str = choice("epochs", listed_in("scale.data.loader", "MODES"))
+    mode: str = choice("epochs", listed_in("scale.data.loader", "MODES", ("epochs", "resampled")))
     # loader worker processes per rank (capped at the CPUs the rank may run on)
     workers: int = at_least(4, 0)
     # CUDA: pinned batches, the next one copied to the GPU on a side stream during the step (scale/data/prefetch.py)

@@ -3,19 +3,22 @@
 from dataclasses import dataclass
 
 from scale.config.fields import FIXED, above, at_least, below, choice, listed_in, within
-from scale.engine.kinds import KINDS
+from scale.engine.kinds import KINDS, ZERO_STAGES
 
 
 @dataclass
 class EngineConfig:
     # how the modules are wrapped and stepped: ddp | fsdp2 | deepspeed (Engines and the training step)
-    kind: str = choice("fsdp2", lambda: list(KINDS), resume=FIXED)
-    precision: str = choice("fp32", listed_in("scale.engine.precision", "DTYPES"))  # fp32, bf16, fp16 (GPU only)
+    kind: str = choice("fsdp2", tuple(KINDS), resume=FIXED)
+    # the training precision: fp32, bf16, fp16 (GPU only)
+    precision: str = choice("fp32", listed_in("scale.engine.precision", "DTYPES", ("fp32", "bf16", "fp16")))
     # fp16: the dynamic loss scale starts at 2**loss_scale_power (halved after each overflow, which skips that
     # update). 16: torch's GradScaler default, which DINO and MoCo v3 use, and DeepSpeed's initial_scale_power
     loss_scale_power: int = within(16, 0, 32)
     # none, full, every_n, selective: see scale/engine/activation.py
-    activation_checkpointing: str = choice("none", listed_in("scale.engine.activation", "MODES"))
+    activation_checkpointing: str = choice(
+        "none", listed_in("scale.engine.activation", "MODES", ("none", "full", "every_n", "selective"))
+    )
     # activation_checkpointing every_n: checkpoint every n-th block
     ac_every_n: int = at_least(2, 1)
     # torch.compile per transformer block and head (see scale/engine/compile.py): ddp, fsdp2, deepspeed ZeRO-1/2.
@@ -24,7 +27,7 @@ class EngineConfig:
     compile: bool = False
     # torch.compile's backend (see compile)
     compile_backend: str = choice("inductor", ["inductor", "aot_eager"])
-    zero_stage: int = choice(1, listed_in("scale.engine.kinds", "ZERO_STAGES"), resume=FIXED)  # deepspeed only: 1, 2, 3
+    zero_stage: int = choice(1, ZERO_STAGES, resume=FIXED)  # deepspeed only: 1, 2, 3
     # micro-batches accumulated per optimizer step
     grad_accum: int = at_least(1, 1)
     # fsdp2: shard each parameter over groups of shard_size ranks and replicate across the groups (HSDP; one node's
@@ -41,7 +44,7 @@ class EngineConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = choice("adamw", listed_in("scale.optim", "OPTIMIZERS"), resume=FIXED)  # adamw, lars, lamb, sgd
+    name: str = choice("adamw", listed_in("scale.optim", "OPTIMIZERS", ("adamw", "lars", "lamb", "sgd")), resume=FIXED)
     lr: float = at_least(5e-4, 0.0)  # base learning rate at ref_batch
     lr_scaling: str = choice("linear", ["linear", "sqrt", "none"])  # lr * scale(global_batch / ref_batch)
     # the batch that lr is given for (lr_scaling scales it by global_batch / ref_batch)
@@ -78,4 +81,4 @@ class OptimConfig:
     momentum: float = at_least(0.9, 0.0)
     clip_grad: float = at_least(3.0, 0.0)  # 0 disables
     # per_param (DINO's official rule) | global
-    clip_mode: str = choice("per_param", listed_in("scale.engine.clip", "CLIP_MODES"))
+    clip_mode: str = choice("per_param", listed_in("scale.engine.clip", "CLIP_MODES", ("per_param", "global")))

@@ -13,9 +13,11 @@ import time
 from scale import faults
 from scale.errors import LAUNCH_MARK, PREEMPTED_EXIT_CODE
 
-# what a new launch must not inherit from its caller: a process group's variables and the launch mark (they would
-# make it join the caller's group, or skip spawning), and a fault meant for another run
-INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", LAUNCH_MARK, faults.ENV)
+# set by `scale train --nproc N` in its ranks: the launcher ran the launch's start-up checks, the ranks skip them
+CHECKED = "SCALE_STARTUP_CHECKED"
+# what a new launch must not inherit from its caller: a process group's variables and the launch marks (they would
+# make it join the caller's group, skip spawning or its checks), and a fault meant for another run
+INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", LAUNCH_MARK, CHECKED, faults.ENV)
 
 
 def fresh_environment() -> dict[str, str]:
@@ -27,9 +29,9 @@ def already_launched() -> bool:
     return any(k in os.environ for k in ("RANK", "SLURM_PROCID", LAUNCH_MARK))
 
 
-def spawn(nproc: int, argv: list[str], pass_fds: tuple[int, ...] = ()) -> int:
-    """Run `python -m scale.cli *argv` in nproc processes (see `run_ranks`)."""
-    return run_ranks(nproc, [sys.executable, "-m", "scale.cli", *argv], pass_fds=pass_fds)
+def spawn(nproc: int, argv: list[str], pass_fds: tuple[int, ...] = (), env: dict[str, str] | None = None) -> int:
+    """Run `python -m scale.cli *argv` in nproc processes (see `run_ranks`), `env` added to their environment."""
+    return run_ranks(nproc, [sys.executable, "-m", "scale.cli", *argv], pass_fds=pass_fds, env=env)
 
 
 def run_ranks(
@@ -38,6 +40,7 @@ def run_ranks(
     grace_s: float = 5.0,
     stop_grace_s: float | None = None,
     pass_fds: tuple[int, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> int:
     """Run `command` in nproc processes with torchrun's variables and wait for them (see `Ranks`). SIGTERM and
     SIGUSR1 are forwarded to every rank (so preemption reaches each one), SIGHUP and SIGINT as SIGTERM (a closed
@@ -54,8 +57,9 @@ def run_ranks(
         ranks.forward(signum, None)
     try:
         for rank in range(nproc if not ranks.signalled else 0):
-            env = dict(
+            rank_env = dict(
                 os.environ,
+                **(env or {}),
                 RANK=str(rank),
                 WORLD_SIZE=str(nproc),
                 LOCAL_RANK=str(rank),
@@ -64,7 +68,7 @@ def run_ranks(
                 OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                 **{LAUNCH_MARK: "1"},
             )
-            ranks.procs.append(subprocess.Popen(command, env=env, pass_fds=pass_fds, preexec_fn=_rank_process))
+            ranks.procs.append(subprocess.Popen(command, env=rank_env, pass_fds=pass_fds, preexec_fn=_rank_process))
         if not ranks.procs:
             print(
                 f"scale: stopped by {signal.Signals(ranks.signalled[0]).name} before the ranks started", file=sys.stderr

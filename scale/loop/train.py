@@ -21,7 +21,7 @@ from scale.engine.dist import detect, shutdown
 from scale.engine.parallel import ParallelContext, init_parallel
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.faults import maybe_inject
-from scale.launch.local import LAUNCH_MARK, already_launched, spawn
+from scale.launch.local import CHECKED, LAUNCH_MARK, already_launched, spawn
 from scale.loop.preemption import Preemption
 from scale.loop.progress import progress_bar
 from scale.loop.resume import check_resumable
@@ -45,20 +45,20 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     cfg = load_recipe(recipe, overrides)  # validate before spawning anything
     run = RunDir(run_dir or Path("runs") / cfg.meta.name)
     spawning = nproc > 1 and not already_launched()
-    check_launch(cfg, nproc if spawning else detect().world_size, data=not synthetic)
-    check_trackers(cfg)
-    run.check_writable()
+    trusted = os.environ.get(CHECKED) == "1"  # a rank whose launcher ran the start-up checks for the whole launch
+    if not trusted:
+        check_launch(cfg, nproc if spawning else detect().world_size, data=not synthetic)
+        check_trackers(cfg)
+        run.check_writable()
     start = read_start(run, cfg)
-    check_start(run.checkpoints, run.root)
-    if cfg.train.init_weights and start.fresh:
-        check_init_weights(cfg)
-    if validates(cfg, synthetic):
-        check_val_data(cfg)
+    if not trusted:
+        startup_checks(cfg, run, start, synthetic)
     if spawning:
         flags = ["--synthetic-data"] if synthetic else []
         with RunLock(run.root) as lock:  # the ranks inherit it
             fds = () if lock.fd is None else (lock.fd,)
-            return spawn(nproc, ["train", recipe, *overrides, "--run-dir", str(run.root), *flags], pass_fds=fds)
+            argv = ["train", recipe, *overrides, "--run-dir", str(run.root), *flags]
+            return spawn(nproc, argv, pass_fds=fds, env={CHECKED: "1"})
     quiet_full_disk_in_threads()
     try:
         context, device = init_parallel(cfg.engine.shard_size)
@@ -66,6 +66,16 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
             return Trainer(cfg, run, context, device, synthetic, start).fit()
     finally:
         shutdown()
+
+
+def startup_checks(cfg: DictConfig, run: RunDir, start: "Start", synthetic: bool) -> None:
+    """What a launch checks once before any rank starts (the disk, the weights to initialise from, the validation
+    data): the launcher of `--nproc`, or each process under torchrun or srun."""
+    check_start(run.checkpoints, run.root)
+    if cfg.train.init_weights and start.fresh:
+        check_init_weights(cfg)
+    if validates(cfg, synthetic):
+        check_val_data(cfg)
 
 
 def validates(cfg: DictConfig, synthetic: bool = False) -> bool:

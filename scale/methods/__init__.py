@@ -9,12 +9,12 @@ schema, which `scale --help` imports) stays light: no torch here at module level
 import contextlib
 
 from scale.errors import UserError
-from scale.methods.registry import method_class
+from scale.methods.registry import kind, method_class
 
 
 def has_class_head(cfg) -> bool:
     """Whether recipe `cfg`'s method ends in a class head (the training loop validates it on data.val)."""
-    return method_class(cfg.method.kind).classifies
+    return kind(cfg.method.kind).classifies
 
 
 def build_method(

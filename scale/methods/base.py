@@ -8,7 +8,8 @@ Rules that keep every engine working:
 - `teacher`, when there is one, is an EMA of the student: its parameter names are a subset of the student's (e.g.
   MoCo's momentum encoder has no predictor), it has requires_grad False, and the engine shards it like the student.
 - A class that declares `kind` registers itself under that name (scale/methods/registry.py): `method.kind` selects
-  it, and what it declares (views, global_views, classifies) is what the recipe checks and the loop read of it.
+  it, and what registry.KINDS declares of it (views, global_views, classifies) is what the recipe checks and the
+  loop read of it (set on the class when it registers).
 - Distributed math a loss needs (DINO's center all-reduce, MoCo's key all-gather) goes through
   scale.methods.distributed over `dp_group`, the data-parallel group of the run's parallel context.
 """
@@ -23,9 +24,6 @@ from torch import nn
 
 from scale.data.batch import Batch
 from scale.methods import registry
-
-CROPS = ("multicrop", "two_view")  # data.views.kind of the self-supervised methods: augmented crops
-LABELLED = ("supervised", "eval")  # of the methods with a class head: one labelled view
 
 
 @dataclass(frozen=True)
@@ -48,9 +46,11 @@ class Method(abc.ABC):
     # the data-parallel group of the losses' collectives (build_method sets it); None: no process group
     dp_group: dist.ProcessGroup | None = None
     kind: str | None = None  # the value of method.kind that selects this class; None: not selectable (a base)
-    views: tuple[str, ...] = CROPS  # the data.views.kind it trains on
-    global_views: int | None = None  # the data.views.n_global it needs; None: any
-    classifies = False  # the student ends in a class head: the loop validates it on data.val (`val_logits`)
+    # what registry.KINDS declares of `kind` (set when the class registers): the data.views.kind it trains on, the
+    # data.views.n_global it needs (None: any), whether the student ends in a class head (validated on data.val)
+    views: tuple[str, ...] = registry.CROPS
+    global_views: int | None = None
+    classifies = False
     # K of the teacher's output distribution (DINO, EsViT), whose entropy the collapse alarm watches; None: none
     teacher_classes: int | None = None
 
@@ -58,6 +58,8 @@ class Method(abc.ABC):
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__:
             registry.register(cls)
+            declared = registry.KINDS[cls.kind]
+            cls.views, cls.global_views, cls.classifies = declared.views, declared.global_views, declared.classifies
 
     @abc.abstractmethod
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:

@@ -27,7 +27,6 @@ def regression(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 class BYOL(Method):
     kind = "byol"
-    global_views = 2
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.cfg = mc = cfg.method.moco

@@ -84,7 +84,9 @@ class DrlocConfig:
     pairs: int = at_least(64, 1)
     weight: float = 0.5  # lambda: 0.5 for Swin, 0.1 for others
     # l1 Eq. 2 | signed Eq. 3 | ce Eq. 5 | gaussian Eq. 6
-    mode: str = choice("l1", listed_in("scale.methods.drloc", "MODES"), resume=FIXED)
+    mode: str = choice(
+        "l1", listed_in("scale.methods.drloc", "MODES", ("l1", "signed", "ce", "gaussian")), resume=FIXED
+    )
     every_block: bool = plain(False, FIXED)  # Eq. 7: one localization MLP per block
     exhaustive: bool = False  # Eq. 8: every embedding once, with a random partner
     grid: int = at_least(7, 1)  # grids larger than this are average-pooled to it
@@ -128,8 +130,8 @@ class SupervisedConfig:
 
 @dataclass
 class MethodConfig:
-    # the registered methods (scale/methods/registry.py): dino, esvit, mocov3, mocov2, simclr, byol, swav, drloc, ...
-    kind: str = choice("dino", registry.kinds, resume=FIXED)
+    # the declared methods (scale/methods/registry.py KINDS): dino, esvit, mocov3, mocov2, simclr, byol, swav, drloc, ...
+    kind: str = choice("dino", tuple(registry.KINDS), resume=FIXED)
     dino: DinoConfig = field(default_factory=DinoConfig)
     moco: MocoConfig = field(default_factory=MocoConfig)
     drloc: DrlocConfig = field(default_factory=DrlocConfig)

@@ -32,7 +32,6 @@ def queue_contrastive(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, tau
 
 class MocoV2(Method):
     kind = "mocov2"
-    global_views = 2
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.cfg = mc = cfg.method.moco

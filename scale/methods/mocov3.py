@@ -61,7 +61,6 @@ def momentum_forward(method: Method, batch: Batch, name: str, per_view_bn: bool)
 
 class MocoV3(Method):
     kind = "mocov3"
-    global_views = 2
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.cfg = mc = cfg.method.moco

@@ -37,7 +37,6 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, tau: float, group: distributed.G
 
 class SimCLR(Method):
     kind = "simclr"
-    global_views = 2
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.cfg = mc = cfg.method.moco

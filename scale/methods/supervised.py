@@ -9,7 +9,7 @@ from torch import nn
 
 from scale.data.batch import Batch
 from scale.errors import UserError
-from scale.methods.base import LABELLED, Method, StepContext
+from scale.methods.base import Method, StepContext
 from scale.methods.nets import ClassifierNet
 from scale.models.heads import LinearClassifier
 
@@ -31,8 +31,6 @@ def check_labels(batch: Batch, num_classes: int) -> torch.Tensor:
 
 class Supervised(Method):
     kind = "supervised"
-    views = LABELLED
-    classifies = True
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.cfg = sc = cfg.method.supervised

@@ -22,7 +22,6 @@ from scale.models.heads import moco_projector
 
 class SwAV(Method):
     kind = "swav"
-    global_views = 2
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         self.cfg = mc = cfg.method.moco

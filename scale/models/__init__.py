@@ -13,11 +13,22 @@ CvT, PvT and ViL blocks take `(tokens, grid)` (see scale/models/staged.py); ViT-
 
 import importlib
 
-# The families register themselves on import. They import torch and timm (~2 s), so they are imported on first use
-# of the registry, not with the package: the recipe schema (scale.models.config) is read by `scale --help`.
+# The families register their backbones on import. They import torch and timm (~2 s), so they are imported on first
+# use of a backbone, one family at a time: the recipe schema (scale.models.config) reads the names declared here.
 FAMILIES = ("cvt", "pvt", "resnet", "swin", "t2t", "vil", "vit")
+# every value of model.name, with the family module that registers it (tests/models/test_registry_light.py: the
+# families register exactly these)
+BACKBONES = {
+    **{f"cvt_{size}": "cvt" for size in ("13", "nano", "nano_w", "tiny")},
+    **{f"pvt_{size}": "pvt" for size in ("nano", "tiny", "tiny_2262")},
+    **{name: "resnet" for name in ("resnet50", "resnet_nano")},
+    **{f"swin_{size}": "swin" for size in ("base", "nano", "small", "tiny")},
+    **{f"t2t_vit_{size}": "t2t" for size in ("14", "nano")},
+    **{f"vil_{size}": "vil" for size in ("nano", "tiny")},
+    **{f"vit{bn}_{size}": "vit" for bn in ("", "_bn") for size in ("nano", "tiny", "small", "base", "large", "huge")},
+}
 
-__all__ = ["available", "build_backbone", "init_weights", "register"]
+__all__ = ["BACKBONES", "available", "build_backbone", "init_weights", "register"]
 
 
 def load_families() -> None:
@@ -26,11 +37,15 @@ def load_families() -> None:
         importlib.import_module(f"scale.models.{family}")
 
 
+def available() -> list[str]:
+    """The valid values of model.name (no family imported)."""
+    return sorted(BACKBONES)
+
+
 def __getattr__(name: str):
-    if name in ("available", "build_backbone", "register"):
+    if name in ("build_backbone", "register"):
         from scale.models import registry
 
-        load_families()
         return getattr(registry, name)
     if name in FAMILIES:
         return importlib.import_module(f"scale.models.{name}")

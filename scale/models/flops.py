@@ -20,6 +20,11 @@ def count_params(backbone: nn.Module) -> int:
 
 def count_macs(backbone: nn.Module, img_size: int | tuple[int, int]) -> int:
     """Multiply-adds of one forward of one image of `img_size`, in eval mode, attention matmuls included."""
+    return count_forward(backbone, img_size)[0]
+
+
+def count_forward(backbone: nn.Module, img_size: int | tuple[int, int]) -> tuple[int, dict]:
+    """`count_macs` and the output of the forward it counted (its token grid: no second forward to read it)."""
     height, width = (img_size, img_size) if isinstance(img_size, int) else img_size
     device = next(backbone.parameters()).device
     tracing = nullcontext() if device.type == "meta" else FakeTensorMode(allow_non_fake_inputs=True)
@@ -28,10 +33,10 @@ def count_macs(backbone: nn.Module, img_size: int | tuple[int, int]) -> int:
         with _math_attention(backbone), _eval(backbone), torch.no_grad(), tracing:
             image = torch.empty(1, 3, height, width, device=device)
             with counter:
-                backbone(image)
+                out = backbone(image)
     finally:
         _clear_caches(backbone)  # size caches built while tracing hold fake tensors
-    return counter.get_total_flops() // 2
+    return counter.get_total_flops() // 2, out
 
 
 @contextmanager

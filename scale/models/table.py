@@ -1,5 +1,6 @@
 """`scale models table`: parameters, multiply-adds and tokens of backbones, counted on the meta device."""
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
@@ -8,7 +9,7 @@ from omegaconf import OmegaConf
 from scale.config import list_recipes, load_recipe, recipe_name
 from scale.errors import UserError
 from scale.models.config import ModelConfig
-from scale.models.flops import count_macs, count_params
+from scale.models.flops import count_forward, count_params
 from scale.models.registry import build_backbone
 
 # the four papers' backbones: name[/patch][/wWINDOW][/hHEADS]
@@ -63,6 +64,7 @@ def spec_of(cfg) -> str:
         spec += f"/h{cfg.num_heads}"
     extras = [cfg.pos_embed + (" trainable" if cfg.pos_embed_trainable else "")] if cfg.pos_embed != "learned" else []
     extras += ["avg-pool"] if cfg.pooling != "cls" else []
+    extras += ["no final norm"] if not cfg.final_norm else []
     extras += [f"img{cfg.img_size}"] if cfg.img_size != GLOBAL_PX else []
     return spec + (f" ({', '.join(extras)})" if extras else "")
 
@@ -73,19 +75,33 @@ def accepted_px(size: int, patch: int) -> int:
     return patch * max(1, round(size / patch))
 
 
-def describe(cfg) -> dict:
+def build(cfg) -> tuple[ModelConfig, torch.nn.Module]:
+    """The backbone `cfg` names on the meta device (nothing allocated), its img_size rounded to the patch, without
+    stochastic depth (a training option that counts nothing, and would tell recipes' backbones apart)."""
+    patch = cfg.patch_size or 1
+    cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg, {"img_size": accepted_px(cfg.img_size, patch)})
+    return cfg, build_backbone(cfg, drop_path=0.0, device="meta")
+
+
+def describe(cfg, model: torch.nn.Module | None = None, counted: dict | None = None) -> dict:
     """One row: counts of the backbone alone (no heads) at the global and the local crop size, each the multiple of
-    the patch size nearest to 224 and 96 px (the row says which: global_px, local_px)."""
+    the patch size nearest to 224 and 96 px (the row says which: global_px, local_px). `counted`: the forwards
+    counted so far, by modules, pooling and size: backbones that differ only in their position embedding (learned,
+    sin-cos, trainable or none: an addition, which counts no multiply-add) are counted once."""
+    if model is None:
+        cfg, model = build(cfg)
+    counted = {} if counted is None else counted
     patch = cfg.patch_size or 1
     global_px, local_px = accepted_px(GLOBAL_PX, patch), accepted_px(96, patch)
-    cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg, {"img_size": accepted_px(cfg.img_size, patch)})
-    model = build_backbone(cfg, device="meta")
     row = {"model": spec_of(cfg), "params_M": count_params(model) / 1e6}
     for label, size in (("global", global_px), ("local", local_px)):
-        grid = model(torch.empty(1, 3, size, size, device="meta"))["grid"]
+        key = (_structure(model, skip="pos_embed"), cfg.pooling, size)
+        if key not in counted:
+            macs, out = count_forward(model, size)
+            counted[key] = macs, "x".join(str(int(n)) for n in out["grid"])
+        macs, row[f"{label}_tokens"] = counted[key]
         row[f"{label}_px"] = size
-        row[f"{label}_GMACs"] = count_macs(model, size) / 1e9
-        row[f"{label}_tokens"] = f"{grid[0]}x{grid[1]}"
+        row[f"{label}_GMACs"] = macs / 1e9
     return row
 
 
@@ -105,15 +121,60 @@ def _key(cfg) -> tuple:
     )
 
 
-def table(specs: list[str] | None = None) -> list[dict]:
-    """Rows for `specs`, or for the paper models plus every model a recipe uses (with the recipes' names)."""
+def signature(cfg, model: torch.nn.Module) -> tuple:
+    """What makes two backbones the same one: their modules, parameters and buffers (names and shapes), and the
+    options that change only the forward. Options left at their default (model.patch_size None is the family's
+    16) or spelt twice (vit_bn_large is vit_large with model.bn_mlp) give the same signature."""
+    return _structure(model), cfg.pooling, cfg.pos_embed, cfg.pos_embed_trainable
+
+
+def _structure(model: torch.nn.Module, skip: str | None = None) -> tuple:
+    """The modules and their attention heads (which neither a module's repr nor a shape shows), and the names and
+    shapes of the parameters and buffers (but those whose name holds `skip`)."""
+    heads = tuple(m.num_heads for m in model.modules() if isinstance(getattr(m, "num_heads", None), int))
+    shapes = [(n, tuple(t.shape)) for n, t in model.named_parameters() if skip is None or skip not in n]
+    buffers = [(n, tuple(t.shape)) for n, t in model.named_buffers() if skip is None or skip not in n]
+    return repr(model), heads, tuple(shapes), tuple(buffers)
+
+
+def recipe_models() -> list[tuple[str, object]]:
+    """(recipe name, its model section) of every recipe. The section is the `base:` chain's model mappings merged
+    over the schema's defaults, read from the YAML files alone (loading ~300 recipes takes ~80 ms each); a recipe
+    whose model section the plain merge cannot give as the loader would (an interpolation, not a mapping) is
+    loaded."""
+    from scale.config.load import _load_chain
+
+    fields = set(ModelConfig.__dataclass_fields__)
+    out = []
+    for path in list_recipes():
+        sections = [raw.get("model", {}) for _, raw in _load_chain(path)]
+        plain = all(isinstance(part, dict) for part in sections)
+        merged = {key: value for part in sections if plain for key, value in part.items()}
+        if not plain or "${" in str(merged) or not set(merged) <= fields:
+            model = load_recipe(str(path)).model
+        else:
+            model = replace(ModelConfig(), **merged)
+        out.append((recipe_name(path), model))
+    return out
+
+
+def table(specs: list[str] | None = None) -> Iterator[dict]:
+    """Rows for `specs`, or one row per backbone of the paper models and of every recipe (with the recipes that
+    use it), each yielded once counted: the backbones are built on the meta device first (to merge the spellings
+    of one backbone), then counted one by one."""
     if specs:
-        return [describe(parse_spec(s)) for s in specs]
-    entries: dict[tuple, tuple] = {}
+        yield from (describe(parse_spec(s)) for s in specs)
+        return
+    configs: dict[tuple, tuple] = {}
     for spec in PAPER_MODELS:
         cfg = parse_spec(spec)
-        entries[_key(cfg)] = (cfg, [])
-    for path in list_recipes():
-        cfg = load_recipe(str(path)).model
-        entries.setdefault(_key(cfg), (cfg, []))[1].append(recipe_name(path))
-    return [dict(describe(cfg), recipes=names) for cfg, names in entries.values()]
+        configs[_key(cfg)] = (cfg, [])
+    for name, cfg in recipe_models():
+        configs.setdefault(_key(cfg), (cfg, []))[1].append(name)
+    backbones: dict[tuple, tuple] = {}
+    for cfg, names in configs.values():
+        cfg, model = build(cfg)
+        backbones.setdefault(signature(cfg, model), (cfg, model, []))[2].extend(names)
+    counted: dict = {}
+    for cfg, model, names in backbones.values():
+        yield dict(describe(cfg, model, counted), recipes=sorted(names))

@@ -60,6 +60,21 @@ def test_usage_errors_import_nothing_heavy():
     assert _heavy_imports(argvs) == []
 
 
+# what a recipe's commands must not import: loading, merging, validating and showing a recipe needs none of these
+RECIPE_HEAVY = ("torch", "timm", "torchvision", "webdataset", "deepspeed", "numpy", "PIL", "wandb", "mlflow")
+
+
+def test_recipe_commands_import_nothing_heavy(tmp_path):
+    """Show, submit's dry run, plan's argument checks, a misspelt recipe name, ckpt info of a path that is no run and
+    status read YAML and files: no torch (the schema declares its choices; scale/config/fields.py)."""
+    recipe = "dino/table2/vit_s16"
+    argvs = [["recipes", "show", recipe], ["submit", recipe, "--nodes", "2", "--gpus-per-node", "8", "--dry-run"]]
+    argvs += [["train", "dino/table2/vit_s17"], ["plan", recipe, "--nodes", "2"], ["plan", recipe, "--gpus", "7"]]
+    argvs += [["recipes", "show", recipe, "model.name=vit_smal"], ["ckpt", "info", str(tmp_path / "none")]]
+    argvs += [["status", str(tmp_path)]]
+    assert _heavy_imports(argvs, RECIPE_HEAVY) == []
+
+
 def test_recipes_list_builds_no_model():
     """The listing reads the YAML files: no torch, no timm (it took 20-30 CPU-seconds through the loader)."""
     assert _heavy_imports([["recipes", "list", "--paper", "dino"]], ("torch", "timm", "torchvision")) == []

@@ -85,8 +85,10 @@ def test_wrong_type_on_command_line(recipes):
 
 
 def test_missing_recipe_and_missing_base_name_the_path(recipes):
-    with pytest.raises(UserError, match="recipe not found: 'nope'"):
+    with pytest.raises(UserError, match="recipe not found: 'nope'.*; `scale recipes list` lists them$"):
         load_recipe("nope")
+    with pytest.raises(UserError, match=r"recipe not found: 'dino/vit_s61'.*; did you mean 'dino/vit_s16'\?$"):
+        load_recipe("dino/vit_s61")
     (recipes / "orphan.yaml").write_text("base: ../_base/missing.yaml\n")
     with pytest.raises(UserError, match="missing.yaml"):
         load_recipe("orphan")

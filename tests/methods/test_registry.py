@@ -1,6 +1,7 @@
-"""The method registry: every Method class that declares a kind is one value of method.kind, the schema's choices
-are the registry's, every kind builds, and the old `method.kind=mocov3` + `method.moco.variant` spelling still
-loads (recipes, the command line, a run directory's config.yaml) with one deprecation notice."""
+"""The method registry: every kind that registry.KINDS declares is one Method class of scale/methods/<kind>.py and
+nothing else is, the schema's choices are the registry's, every kind builds, and the old `method.kind=mocov3` +
+`method.moco.variant` spelling still loads (recipes, the command line, a run directory's config.yaml) with one
+deprecation notice."""
 
 import pytest
 from omegaconf import OmegaConf
@@ -43,9 +44,19 @@ def test_a_second_class_with_a_taken_kind_is_refused():
     assert method_class("simclr").__name__ == "SimCLR"
 
 
+def test_a_class_with_an_undeclared_kind_is_refused():
+    with pytest.raises(TypeError, match="method kind 'novel' of Novel is not declared"):
+
+        class Novel(Method):
+            kind = "novel"
+
+            def loss(self, batch, ctx):
+                raise AssertionError
+
+
 def test_the_schema_choices_are_the_registry():
     choices = rule("method.kind")["choices"]
-    assert list(choices()) == kinds()
+    assert list(choices) == kinds()
     view_kinds = rule("data.views.kind")["choices"]
     for cls in methods().values():  # each declares views the data section can make
         assert cls.views and set(cls.views) <= set(view_kinds)

@@ -78,7 +78,7 @@ def test_swin_local_crops_do_not_pay_for_padded_windows():
 
 
 def test_table_rows():
-    rows = table(["vit_large/7", "swin_nano/w14"])
+    rows = list(table(["vit_large/7", "swin_nano/w14"]))
     assert [r["model"] for r in rows] == ["vit_large/7", "swin_nano/w14"]
     assert rows[0]["local_px"] == 98 and rows[0]["local_tokens"] == "14x14" and rows[0]["global_tokens"] == "32x32"
     assert rows[1]["local_px"] == 96 and rows[1]["local_tokens"] == "3x3"
