@@ -44,6 +44,7 @@ class EngineConfig:
 
 @dataclass
 class OptimConfig:
+    # the optimizer: adamw, lars, lamb, sgd
     name: str = choice("adamw", listed_in("scale.optim", "OPTIMIZERS", ("adamw", "lars", "lamb", "sgd")), resume=FIXED)
     lr: float = at_least(5e-4, 0.0)  # base learning rate at ref_batch
     lr_scaling: str = choice("linear", ["linear", "sqrt", "none"])  # lr * scale(global_batch / ref_batch)
