@@ -232,22 +232,16 @@ def _check_run_dir(run_dir: Path) -> None:
         raise UserError(f"--run-dir '{run_dir}': must not contain quotes, '%', backslashes or control characters")
 
 
-def _overrides_key(overrides: list[str], key: str) -> bool:
-    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
-
-
 def shard_within_nodes(task: Task, cfg, options: SlurmOptions) -> Task:
     """A multi-node task of an engine that shards parameters shards them within a node unless told otherwise
-    (scale.engine.kinds.recipe_setting: the rule `scale plan` proposes too)."""
-    from scale.engine.kinds import recipe_setting
+    (scale.bench.layout.launch_setting: the one function `scale plan` judges the run with too)."""
+    from scale.bench.layout import launch_setting, overrides_key
 
     task.shard_size = int(cfg.engine.shard_size)
-    if _overrides_key(task.overrides, "engine.shard_size"):
+    if overrides_key(task.overrides, "engine.shard_size"):
         task.shard_source = "overrides"
         return task
-    _, size = recipe_setting(
-        cfg.engine.kind, cfg.engine.zero_stage, task.shard_size, options.nodes, options.ntasks_per_node
-    )
+    size = launch_setting(cfg, task.overrides, options.nodes, options.ntasks_per_node).shard_size
     if size != task.shard_size:
         task.shard_size = size
         task.shard_source = "GPUs per node" if options.gpus_per_node else "tasks per node"

@@ -64,9 +64,10 @@ def run_config(cfg: DictConfig, root: Path) -> dict:
 
 
 def tracker_settings(cfg: DictConfig) -> DictConfig:
-    """train.tracker with its defaults filled in from meta."""
-    settings = cfg.train.tracker.copy()
-    settings.project = settings.project or cfg.meta.paper or "scale"
+    """train.tracker as set in the recipe (an empty key: the tracker's environment variable, else the default),
+    with `default_project` (meta.paper, else "scale") and the run's name (meta.name unless set)."""
+    settings = OmegaConf.create(OmegaConf.to_container(cfg.train.tracker, resolve=True))
+    settings.default_project = cfg.meta.paper or "scale"
     settings.name = settings.name or cfg.meta.name
     return settings
 

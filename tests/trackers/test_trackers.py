@@ -196,3 +196,42 @@ def test_a_writer_thread_that_dies_of_a_full_disk_logs_one_line_not_a_traceback(
     bug = ValueError("a bug")
     dies_of(bug)  # anything else: Python's own report, traceback and all
     assert reported == [bug]
+
+
+@pytest.mark.slow  # W&B starts its service process
+def test_trackers_honour_their_libraries_environment_and_recipe_keys_override_it(tmp_path, monkeypatch):
+    """With MLFLOW_TRACKING_URI set, runs went to <run>/mlruns; W&B's files went to the run directory whatever
+    WANDB_DIR said. Now: recipe key, else the library's variable, else scale's default."""
+    from scale.trackers.sink import setting
+    from tests.trackers.readback import wandb_records
+
+    lab = tmp_path / "lab_store"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", lab.resolve().as_uri())
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "lab-experiment")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_home"))
+    monkeypatch.setenv("WANDB_PROJECT", "lab-project")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    (tmp_path / "wandb_home").mkdir()
+    root = tmp_path / "run"
+    RunDir(root).create()
+    # online unless WANDB_MODE says; the demo recipe names its project: cleared, so that the variables apply
+    cfg = load_recipe("demo/dino_tiny", ["train.trackers=[wandb,mlflow]", "train.tracker.project=''"])
+    attempt(cfg, root, [1, 2])
+
+    assert not (root / "mlruns").exists() and not (root / "wandb").exists()
+    client, runs = mlflow_runs(root, lab)
+    assert len(runs) == 1 and client.get_experiment(runs[0].info.experiment_id).name == "lab-experiment"
+    (attempt_dir,) = (tmp_path / "wandb_home" / "wandb").glob("offline-run-*")
+    projects = {r.run.project for log in attempt_dir.glob("run-*.wandb") for r in wandb_records(log) if r.run.run_id}
+    assert projects == {"lab-project"}
+
+    # a recipe key wins over the variable; an unset key and no variable: scale's default
+    assert setting("mine", "WANDB_PROJECT", "dino") == "mine"
+    monkeypatch.delenv("WANDB_PROJECT")
+    assert setting("", "WANDB_PROJECT", "dino") == "dino"
+    cfg = load_recipe("demo/dino_tiny", ["train.trackers=[mlflow]", "train.tracker.project=mine"])
+    other = tmp_path / "run2"
+    RunDir(other).create()
+    attempt(cfg, other, [1])
+    client, runs = mlflow_runs(root, lab)
+    assert {client.get_experiment(r.info.experiment_id).name for r in runs} == {"lab-experiment", "mine"}
