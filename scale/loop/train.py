@@ -234,8 +234,10 @@ class Trainer:
         finally:
             self.heartbeat.close(ended)
             bar.close()
-            self.metrics.close()
-            self.checkpointer.close()
+            try:
+                self.checkpointer.close()  # the checkpoint sealed first: a preempted job may be killed any moment
+            finally:
+                self.metrics.close()  # bounded (scale.trackers.CLOSE_TIMEOUT_S): never holds up the exit
         log.info("finished at step %d; run directory %s", stop, self.run.root)
         return 0
 

@@ -111,6 +111,12 @@ def test_a_preempted_and_resumed_training_is_one_tracker_run(embedded_data, tmp_
     overrides = [*TINY, *ALL[:2], "train.max_steps=6", "train.preempt_check_every=1"]
     first = run_train(embedded_data, tmp_path, overrides, fault=faults.spec("preempt", 3))
     assert first.returncode == PREEMPTED_EXIT_CODE, first.stderr[-3000:]
+    # the checkpoint is sealed (`latest` moved, last) before the trackers close: a kill after the grace keeps it
+    sealed_ms = (tmp_path / "checkpoints" / "latest").stat().st_mtime * 1000
+    _, (run,) = mlflow_runs(tmp_path)
+    assert run.info.status == "FINISHED" and run.info.end_time >= sealed_ms - 1
+    (wandb_log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    assert wandb_log.stat().st_mtime * 1000 >= sealed_ms - 1
     resumed = run_train(embedded_data, tmp_path, overrides)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
@@ -235,3 +241,28 @@ def test_trackers_honour_their_libraries_environment_and_recipe_keys_override_it
     attempt(cfg, other, [1])
     client, runs = mlflow_runs(root, lab)
     assert {client.get_experiment(r.info.experiment_id).name for r in runs} == {"lab-experiment", "mine"}
+
+
+def test_closing_trackers_is_bounded_and_names_a_tracker_that_hangs(tmp_path, caplog):
+    """A preempted job has Slurm's KillWait (30 s) from the signal to SIGKILL: W&B and MLflow took 47 s to shut
+    down after the checkpoint. Close waits at most its timeout and names what it left running."""
+    import threading
+
+    cfg = recipe(["train.trackers=[tensorboard]"])
+    RunDir(tmp_path).create()
+    trackers = Trackers(cfg, tmp_path, enabled=True)
+    release, closed = threading.Event(), []
+
+    class Hanging:
+        def close(self):
+            release.wait(60)  # an upload to a server that does not answer
+
+    class Quick:
+        def close(self):
+            closed.append(True)
+
+    trackers.sinks = {"wandb": Hanging(), "tensorboard": Quick()}
+    trackers.close(timeout=0.5)
+    assert closed == [True] and not release.is_set()  # returned while the hanging close still waits
+    assert "trackers: wandb did not close within" in caplog.text
+    release.set()
