@@ -85,6 +85,7 @@ class Job:
     tasks: list[Task]
     array: bool = False
     python: str = field(default_factory=lambda: sys.executable)
+    notes: list[str] = field(default_factory=list)  # what submit chose for the user, and what it warns about
 
     @property
     def script(self) -> Path:
@@ -99,7 +100,7 @@ class Job:
             mesh = f"{ranks // size} replica(s) x {size} shard(s)"
             name = f"{task.run_dir.name}: " if self.array else ""
             lines.append(f"{name}{ranks} ranks, engine.shard_size={size} ({task.shard_source}): {mesh}")
-        return lines
+        return lines + self.notes
 
 
 def time_seconds(text: str) -> int | None:
@@ -276,7 +277,38 @@ def plan(
             tasks.append(shard_within_nodes(task, task_cfg, options))
     if options.job_name is None:
         options = replace(options, job_name=re.sub(r"[^\w.-]+", "_", cfg.meta.name))
-    return Job(_recipe_arg(recipe), options, root, tasks, array=sets is not None)
+    options, notes = resource_defaults(options, cfg)
+    return Job(_recipe_arg(recipe), options, root, tasks, array=sets is not None, notes=notes)
+
+
+def resource_defaults(options: SlurmOptions, cfg) -> tuple[SlurmOptions, list[str]]:
+    """--cpus-per-task of a GPU job from the loader (data.workers + the training process itself: Slurm's default is
+    often one CPU per task), and one-line warnings for what Slurm would otherwise decide alone (--time, --mem) and for data paths
+    this machine cannot see."""
+    notes = []
+    if options.cpus_per_task is None and options.gpus_per_node:  # a CPU job's tasks share the node as Slurm says
+        options = replace(options, cpus_per_task=int(cfg.data.workers) + 1)
+        notes.append(
+            f"--cpus-per-task={options.cpus_per_task}: data.workers {cfg.data.workers} + 1 (give it to change)"
+        )
+    if options.time is None:
+        notes.append(
+            "warning: no --time: the partition's default limit applies, and the checkpoint signal comes "
+            f"{options.signal_lead} s before it"
+        )
+    if options.mem is None:
+        notes.append(
+            "warning: no --mem: the partition's default memory applies (often a few GB per CPU), which "
+            "loader workers can exceed"
+        )
+    for key in ("train", "val"):
+        path = cfg.data[key]
+        if path and not Path(path).expanduser().exists():
+            notes.append(
+                f"warning: data.{key} {path} does not exist on this machine: the job fails unless the "
+                "compute nodes see it"
+            )
+    return options, notes
 
 
 def _directive(value) -> str:
