@@ -9,15 +9,17 @@ def register(sub) -> None:
     parser = sub.add_parser("submit", help="render an sbatch script into the run directory and submit it to Slurm")
     parser.add_argument("recipe", help="recipe name (see `scale recipes list`) or YAML path")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--nodes", type=int, default=1, help="nodes of the job")
     parser.add_argument("--gpus-per-node", type=int, default=0, help="one task per GPU; 0: a CPU job (gloo)")
     parser.add_argument("--tasks-per-node", type=int, help="tasks of a CPU job per node (default 1)")
-    parser.add_argument("--partition")
+    parser.add_argument("--partition", help="Slurm partition (checked against sinfo when available)")
     parser.add_argument("--time", help="time limit: minutes, HH:MM:SS or D-HH:MM:SS")
-    parser.add_argument("--account")
-    parser.add_argument("--qos")
-    parser.add_argument("--constraint")
-    parser.add_argument("--cpus-per-task", type=int)
+    parser.add_argument("--account", help="Slurm account to charge")
+    parser.add_argument("--qos", help="Slurm quality of service")
+    parser.add_argument("--constraint", help="Slurm node features, e.g. h100")
+    parser.add_argument(
+        "--cpus-per-task", type=int, help="CPUs per task (GPU jobs default to data.workers + 1, the loader's)"
+    )
     parser.add_argument("--mem", help="memory per node, e.g. 256G")
     parser.add_argument(
         "--signal-lead",
