@@ -30,7 +30,7 @@ def attempt(cfg, root, steps) -> None:
     trackers = Trackers(cfg, root, enabled=True)
     for step in steps:
         trackers.log(step, {"loss": 1.0 / step, "epoch": step / 10, "flag": True, "note": "text"})
-    trackers.close()
+    trackers.close(timeout=300)  # read back at once: every tracker done (the bound itself: its own test below)
 
 
 def tensorboard_steps(root) -> list[int]:
