@@ -12,9 +12,45 @@ import sys
 import scale.commands
 from scale.errors import ConfigError, UserError
 
+DESCRIPTION = (
+    "Train self-supervised vision transformers (DINO, MoCo v3, EsViT, DRLoc) from the papers' recipes, on one CPU "
+    "process or hundreds of GPUs; plan, submit and follow the jobs; evaluate and export the weights."
+)
+EPILOG = "`scale COMMAND --help` lists a command's options and their defaults; `scale recipes list` the recipes."
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Each option's default after its help, where it has one worth saying (not None or False) and the help does
+    not say it already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if not action.option_strings or action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class VersionAction(argparse.Action):
+    """`scale --version`: the package's version, and the git commit when scale runs from a checkout (looked up only
+    when asked: no subprocess on every start)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print scale's version (and git commit) and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from scale import __version__
+        from scale.trackers import git_commit
+
+        commit = git_commit()
+        print(f"scale {__version__}" + (f" (git {commit[:12]})" if commit else ""))
+        parser.exit()
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scale", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="scale", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter
+    )
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument(
         "-v",
         "--verbose",
@@ -26,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         if info.name.startswith("_"):
             continue
         importlib.import_module(f"scale.commands.{info.name}").register(sub)
+    for words in command_parsers(parser):
+        _command_parser(parser, list(words)).formatter_class = HelpFormatter
     return parser
 
 

@@ -3,6 +3,7 @@ validation accuracy and throughput, all read from run directories (config.yaml, 
 
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 from scale.extras import require
@@ -14,13 +15,19 @@ from omegaconf import OmegaConf  # noqa: E402
 from scale.errors import UserError  # noqa: E402
 from scale.loop.rundir import RunDir, read_metrics  # noqa: E402
 
-PLOTS = {  # file stem -> (metric, y label, title)
-    "loss": ("loss", "training loss", "Training loss"),
-    "knn": ("knn_monitor_top1", "k-NN monitor top-1 (%)", "k-NN monitor during training (training features)"),
-    "probe": ("probe_top1", "online probe top-1 (%)", "Online linear probe on the training batches"),
-    "val": ("val_top1", "validation top-1 (%)", "Validation top-1"),
-    "throughput": ("images_per_s", "images/s (as defined above)", "Training throughput"),
+PLOTS = {  # file stem -> (metrics side by side, y labels, title)
+    # DINO's collapse and its teacher-temperature warm-up read from the teacher's entropy and the student/teacher KL
+    "loss": (
+        ("loss", "teacher_entropy", "teacher_student_kl"),
+        ("training loss", "teacher entropy", "student/teacher KL"),
+        "Training loss",
+    ),
+    "knn": (("knn_monitor_top1",), ("k-NN monitor top-1 (%)",), "k-NN monitor during training (training features)"),
+    "probe": (("probe_top1",), ("online probe top-1 (%)",), "Online linear probe on the training batches"),
+    "val": (("val_top1",), ("validation top-1 (%)",), "Validation top-1"),
+    "throughput": (("images_per_s",), ("images/s (as defined above)",), "Training throughput"),
 }
+SMOOTHED = {"probe_top1": 10}  # one batch per point is noise: a moving average over this many points beside it
 # the one definition of the report's images/s; every other images/s figure says how it differs
 IMAGES_PER_S = (
     "**images/s**: the global batch (all ranks) divided by the time of one training step's forward, backward and "
@@ -43,31 +50,52 @@ def load_run(path: str | Path) -> dict:
     }
 
 
-def plot_series(runs: list[dict], key: str, ylabel: str, out: Path, title: str = "") -> Path | None:
-    """One line per run of metric `key` against the step, with each resume (`resumed_at` in metrics.jsonl) marked
-    on the loss plot; None when no run logged it."""
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    drawn = False
-    for run in runs:
-        points = [(m["step"], m[key]) for m in run["metrics"] if isinstance(m.get(key), (int, float))]
-        if points:
+def moving_average(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the up to `window - 1` before it."""
+    return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
+def plot_series(runs: list[dict], keys, ylabels, out: Path, title: str = "") -> Path | None:
+    """One panel per metric of `keys` that a run logged, side by side, one line per run against the step; each
+    resume (`resumed_at` in metrics.jsonl) marked on the loss panel; a SMOOTHED metric with its moving average.
+    None when no run logged any of them."""
+    logged = [
+        (k, y)
+        for k, y in zip(keys, ylabels)
+        if any(isinstance(m.get(k), (int, float)) for r in runs for m in r["metrics"])
+    ]
+    if not logged:
+        return None
+    fig, axes = plt.subplots(1, len(logged), figsize=(6 * len(logged), 3.5), squeeze=False)
+    for ax, (key, ylabel) in zip(axes[0], logged):
+        for run in runs:
+            points = [(m["step"], m[key]) for m in run["metrics"] if isinstance(m.get(key), (int, float))]
+            if not points:
+                continue
             steps, values = zip(*points)
-            ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=run["config"].meta.name)
-            drawn = True
+            name = run["config"].meta.name
+            window = SMOOTHED.get(key)
+            if window:
+                ax.plot(steps, values, alpha=0.3, label=f"{name} (each batch)")
+                ax.plot(steps, moving_average(list(values), window), label=f"{name} (mean of {window} points)")
+            else:
+                ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=name)
             for resumed in (m["resumed_at"] for m in run["metrics"] if key == "loss" and "resumed_at" in m):
                 ax.axvline(resumed, color="grey", linestyle="--", label=f"resumed from the step {resumed} checkpoint")
-    if not drawn:
-        plt.close(fig)
-        return None
-    ax.set_title(title or ylabel)
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        ax.set_title(title if len(logged) == 1 or key == "loss" else ylabel)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _median(metrics: list[dict], key: str):
+    values = [m[key] for m in metrics if isinstance(m.get(key), (int, float))]
+    return statistics.median(values) if values else None
 
 
 def _last(metrics: list[dict], key: str):
@@ -122,7 +150,7 @@ def markdown_table(runs: list[dict]) -> str:
     """Paper-reported numbers (meta.reported) next to what the run measured."""
     lines = [
         "| recipe | paper | table | row | reported | measured k-NN top-1 | measured val top-1 | final loss | "
-        "images/s (last logged step) |",
+        "images/s (median over the run) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
@@ -133,7 +161,7 @@ def markdown_table(runs: list[dict]) -> str:
         lines.append(
             f"| {meta.name} | {meta.paper} | {meta.table} | {meta.row} | {reported} | {_fmt(knn)} | "
             f"{_fmt(val)} | {_fmt(_last(run['metrics'], 'loss'))} | "
-            f"{_fmt(_last(run['metrics'], 'images_per_s'))} |"
+            f"{_fmt(_median(run['metrics'], 'images_per_s'))} |"
         )
     return "\n".join(lines)
 
@@ -160,8 +188,8 @@ def write_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = [f"# {title}", "", markdown_table(runs), "", IMAGES_PER_S, ""] + protocol_table(runs)
     parts += extra_sections or []
-    for name, (key, label, plot_title) in PLOTS.items():
-        png = plot_series(runs, key, label, out_dir / f"{name}.png", plot_title)
+    for name, (keys, labels, plot_title) in PLOTS.items():
+        png = plot_series(runs, keys, labels, out_dir / f"{name}.png", plot_title)
         if png:
             parts += [f"![{plot_title}]({png.name})", ""]
     parts += copy_pictures(runs, out_dir)

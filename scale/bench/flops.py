@@ -31,12 +31,26 @@ GPU_PEAK_TFLOPS = {
 }
 
 
+# names torch reports for a card -> its GPU_PEAK_TFLOPS key (the SXM H100 reports its memory, not its form factor)
+CARD_ALIASES = {"H100 80GB HBM3": "H100 SXM"}
+
+
+def card_key(device_name: str) -> str | None:
+    """The GPU_PEAK_TFLOPS key of a card name (the longest key the name contains, after CARD_ALIASES); None."""
+    name = device_name.lower()
+    for alias, key in CARD_ALIASES.items():
+        if alias.lower() in name:
+            return key
+    matches = [key for key in GPU_PEAK_TFLOPS if key.lower() in name]
+    return max(matches, key=len) if matches else None
+
+
 def table_peak(device_name: str, precision: str) -> float | None:
     """Peak FLOP/s of a known GPU by (the longest matching part of) its name, None if unknown."""
-    matches = [key for key in GPU_PEAK_TFLOPS if key.lower() in device_name.lower()]
-    if not matches:
+    key = card_key(device_name)
+    if key is None:
         return None
-    fp32, half = GPU_PEAK_TFLOPS[max(matches, key=len)]
+    fp32, half = GPU_PEAK_TFLOPS[key]
     return (fp32 if precision == "fp32" else half) * 1e12
 
 

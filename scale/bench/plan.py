@@ -28,11 +28,12 @@ node the group spans crosses nodes (none when it stays in one node). Per step (o
 tests/bench/test_plan_network.py checks DDP, FSDP2 and HSDP against the collectives of one real step on gloo.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scale.bench.flops import step_flops
+from scale.bench.layout import Setting
 from scale.bench.trace import StepTrace
-from scale.engine.kinds import SETTINGS, setting_overrides
+from scale.engine.kinds import SETTINGS
 from scale.errors import UserError
 
 ENGINES = (*SETTINGS, "hsdp")  # the engine kinds' settings, plus HSDP (fsdp2 on a replicate x shard mesh)
@@ -41,34 +42,6 @@ SHARDED_GRADS = ("fsdp2", "hsdp", "zero2", "zero3")
 MOMENTS = {"adamw": 2, "lamb": 2, "sgd": 1, "lars": 1}
 AC_MODES = (("none", 1), ("every_n", 2), ("full", 1))
 HEADROOM = 0.9  # of the GPU's memory: allocator fragmentation, CUDA context, library workspaces
-
-
-@dataclass(frozen=True)
-class Setting:
-    engine: str
-    ac: str = "none"  # none | every_n | full
-    every_n: int = 2
-    micro_batch: int = 1  # images per rank per forward
-    grad_accum: int = 1
-    shard_size: int = 0  # hsdp: ranks per shard group (a node's GPUs)
-
-    @property
-    def name(self) -> str:
-        return f"hsdp/{self.shard_size}" if self.engine == "hsdp" else self.engine
-
-    def label(self) -> str:
-        ac = f"every_{self.every_n}" if self.ac == "every_n" else self.ac
-        return f"{self.name} ac={ac} micro={self.micro_batch} accum={self.grad_accum}"
-
-    def overrides(self) -> list[str]:
-        if self.engine == "hsdp":
-            engine = ["engine.kind=fsdp2", f"engine.shard_size={self.shard_size}"]
-        else:
-            engine = setting_overrides(self.engine)
-        ac = [f"engine.activation_checkpointing={self.ac}"] + (
-            [f"engine.ac_every_n={self.every_n}"] if self.ac == "every_n" else []
-        )
-        return engine + ac + [f"engine.grad_accum={self.grad_accum}"]
 
 
 @dataclass
@@ -223,8 +196,7 @@ def predict(
     memory["transient"] = transient_bytes(trace, setting.micro_batch, setting.engine, precision)
     memory["total"] = peak_bytes(memory, setting.engine)
     images = setting.micro_batch * setting.grad_accum
-    recompute = sum(c.flops for c in trace.blocks if checkpointed(c.index, setting.ac, setting.every_n))
-    flops = step_flops(trace, images) + trace.per_image(recompute) * images
+    flops = hardware_flops(trace, images, setting.ac, setting.every_n)
     sent = traffic(trace, setting, world, gpus_per_node, precision)
     return Prediction(
         setting,
@@ -233,6 +205,19 @@ def predict(
         comm_s=sent.intra / bandwidth + sent.inter / (inter_bandwidth or bandwidth),
         traffic=sent,
     )
+
+
+def hardware_flops(trace: StepTrace, images: int, ac: str = "none", every_n: int = 2) -> float:
+    """FLOPs a step computes: the model's, plus the forwards of the checkpointed blocks recomputed in backward."""
+    recompute = sum(c.flops for c in trace.blocks if checkpointed(c.index, ac, every_n))
+    return step_flops(trace, images) + trace.per_image(recompute) * images
+
+
+def hardware_mfu(trace: StepTrace, model_mfu: float, ac: str, every_n: int = 2) -> float:
+    """The fraction of the peak a step computes at (hardware FLOPs), from an MFU measured with checkpointing `ac`
+    (model FLOPs: the recomputation is inside the measured time), so that a setting with other checkpointing is
+    timed by the FLOPs it computes."""
+    return model_mfu * hardware_flops(trace, 1, ac, every_n) / step_flops(trace, 1)
 
 
 def engines_for(world: int, gpus_per_node: int) -> tuple[str, ...]:
@@ -262,13 +247,14 @@ def plan(
     bandwidth: float,
     gpus_per_node: int | None = None,
     inter_bandwidth: float | None = None,
-    recipe: tuple[str, int] | None = None,
+    recipe: Setting | None = None,
 ) -> tuple[list[Prediction], Prediction | None]:
-    """Predictions of every engine at the full micro-batch without checkpointing, and the fastest predicted
-    setting (engine, checkpointing, micro-batch, accumulation) whose memory fits in HEADROOM x gpu_mem.
-    `recipe`: (setting, shard size) the recipe runs with on this layout (scale.engine.kinds.recipe_setting, the
-    rule `scale submit` applies): the proposal is then the fastest fitting setting of that engine, so that the
-    planner proposes what `scale submit` runs; only when none of them fits does it propose another engine."""
+    """Predictions of every engine with the recipe's checkpointing, micro-batch and accumulation (without a
+    recipe: the full micro-batch, no checkpointing), and a proposal that fits in HEADROOM x gpu_mem.
+    `recipe`: the setting the recipe runs with on this layout (scale.bench.layout.launch_setting, what `scale submit`
+    launches). The proposal is the recipe's own setting when it fits; else the fastest fitting setting of its engine
+    (checkpointing, micro-batch, accumulation); only when none of those fits, the fastest fitting setting of any
+    engine. Without `recipe`: the fastest fitting setting of any engine."""
     gpus_per_node = gpus_per_node or world
     engines = engines_for(world, gpus_per_node)
 
@@ -277,14 +263,19 @@ def plan(
             trace, setting, world, precision, optimizer, peak_flops, mfu, bandwidth, gpus_per_node, inter_bandwidth
         )
 
+    def fits(p: Prediction) -> bool:
+        return p.memory["total"] <= HEADROOM * gpu_mem
+
     hsdp = gpus_per_node if world > gpus_per_node else 0
-    table = [run(Setting(e, micro_batch=per_gpu_batch, shard_size=hsdp if e == "hsdp" else 0)) for e in engines]
-    settings = candidates(per_gpu_batch, engines, hsdp)
-    fitting = [p for p in map(run, settings) if p.memory["total"] <= HEADROOM * gpu_mem]
+    row = recipe or Setting("ddp", micro_batch=per_gpu_batch)
+    table = [run(replace(row, engine=e, shard_size=hsdp if e == "hsdp" else 0)) for e in engines]
+    fitting = [p for p in map(run, candidates(per_gpu_batch, engines, hsdp)) if fits(p)]
     if recipe is not None:
-        name, size = recipe
-        own = candidates(per_gpu_batch, (name,), size)
-        fitting = [p for p in map(run, own) if p.memory["total"] <= HEADROOM * gpu_mem] or fitting
+        own = run(recipe)
+        if fits(own):
+            return table, own
+        same_engine = candidates(per_gpu_batch, (recipe.engine,), recipe.shard_size)
+        fitting = [p for p in map(run, same_engine) if fits(p)] or fitting
     best = min(fitting, key=lambda p: (round(p.step_s, 6), ENGINES.index(p.setting.engine)), default=None)
     return table, best
 
@@ -301,13 +292,15 @@ def format_plan(
     gpu_mem: float,
     per_gpu_batch: int,
     gpus_per_node: int | None = None,
+    recipe: Setting | None = None,
 ) -> str:
     keys = ("params", "grads", "optimizer", "teacher", "buffers", "activations", "transient", "total")
     nodes = world // (gpus_per_node or world)
     where = f"{nodes} node(s) x {gpus_per_node or world} GPU(s)" if nodes > 1 else f"{world} GPU(s)"
     lines = [
         f"per-GPU memory (GiB), bytes each GPU sends per step (GB, inside its node / across nodes) and step time "
-        f"at {where}, {per_gpu_batch} image(s) per GPU, no checkpointing:",
+        f"at {where}, {per_gpu_batch} image(s) per GPU, "
+        + (f"as the recipe runs (ac={recipe.ac}, accum={recipe.grad_accum}):" if recipe else "no checkpointing:"),
         f"{'engine':9s}" + "".join(f"{k[:8]:>9s}" for k in keys) + f"{'intra GB':>9s}{'inter GB':>9s}"
         f"{'compute s':>10s}{'comm s':>9s}{'step s':>9s}  fits",
     ]
@@ -329,7 +322,8 @@ def format_plan(
     else:
         lines.append(
             f"proposed: {best.setting.label()}: {gib(best.memory['total']).strip()} GiB, "
-            f"{best.step_s:.3f} s/step predicted"
+            f"{best.step_s:.3f} s/step predicted" + (" (the recipe as written)" if best.setting == recipe else "")
         )
-        lines.append("  overrides: " + " ".join(best.setting.overrides()))
+        if best.setting != recipe:
+            lines.append("  overrides: " + " ".join(best.setting.overrides()))
     return "\n".join(lines)

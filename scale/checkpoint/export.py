@@ -162,7 +162,7 @@ def net_tensors(folder: Path, what: str) -> dict[str, torch.Tensor]:
     return deepspeed_tensors(folder, what)
 
 
-def export(path: str | Path, what: str, fmt: str, out: str | Path) -> Path:
+def export(path: str | Path, what: str, fmt: str, out: str | Path, license: str = "other") -> Path:
     if what not in WHAT:
         raise UserError(f"--what must be one of {', '.join(WHAT)}, got '{what}'")
     folder = checked(path)
@@ -179,7 +179,7 @@ def export(path: str | Path, what: str, fmt: str, out: str | Path) -> Path:
             raise UserError(f"--format {fmt} exports a backbone: --what teacher-backbone or student-backbone")
         cfg = from_dict(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")))
         step = CheckpointStore(folder.parent).read_meta(folder)["step"]
-        return write_timm(tensors, cfg, run_dir, step, what, out, hub=fmt == "hf")
+        return write_timm(tensors, cfg, run_dir, step, what, out, hub=fmt == "hf", license=license)
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors":
         from safetensors.torch import save_file

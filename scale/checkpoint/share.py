@@ -1,7 +1,8 @@
 """Shareable weights out: `scale ckpt export --format timm|hf` writes a folder that timm loads as it is
 (`timm.create_model("local-dir:DIR", pretrained=True)`; the same folder is a Hugging Face Hub repository for
 `hf-hub:`): model.safetensors and config.json (timm's architecture, model_args and pretrained_cfg, written by
-timm's own save_for_hf), and README.md, a model card with the recipe, where its settings come from and the run's
+timm's own save_for_hf; the pretrained_cfg is the run's own evaluation transform, so that timm's resolve_data_config
++ create_transform preprocess as the run evaluated), and README.md, a model card with the recipe, where its settings come from and the run's
 measured k-NN / linear numbers. `hf` adds the Hub's metadata header to the card. ViT backbones (scale's ViT is
 timm's VisionTransformer); other families export as safetensors."""
 
@@ -13,8 +14,43 @@ from omegaconf import OmegaConf
 
 from scale.errors import UserError
 
-# a registered timm ViT whose factory the model_args override entirely (timm needs a known architecture name)
+# a registered timm ViT whose factory the model_args override entirely (timm needs a known architecture name): the
+# fallback when timm registers no ViT of the backbone's own width, depth and patch
 TIMM_VIT = "vit_base_patch16_224"
+TIMM_SIZES = {(192, 12): "tiny", (384, 12): "small", (768, 12): "base", (1024, 24): "large", (1280, 32): "huge"}
+LICENSE = "other"  # the weights are the user's: `scale ckpt export --license` names theirs (e.g. apache-2.0)
+FILE_MODE = 0o644  # shareable: readable by the group and others (safetensors writes 0600)
+
+
+def architecture(args: dict) -> str:
+    """timm's registered name of the ViT of this width, depth, patch and input size, else TIMM_VIT."""
+    import timm
+
+    size = TIMM_SIZES.get((args["embed_dim"], args["depth"]))
+    name = f"vit_{size}_patch{args['patch_size']}_{args['img_size']}"
+    return name if size and timm.is_model(name) else TIMM_VIT
+
+
+def pretrained_cfg(cfg, name: str, license: str) -> dict:
+    """timm's pretrained_cfg of the export: the run's evaluation transform (scale.data.views.EvalView: the short side
+    resized to eval_resize, bicubic, a center crop of eval_crop, the recipe's mean/std), no classifier."""
+    views = cfg.data.views
+    crop, resize = int(views.eval_crop), int(views.eval_resize)
+    return {
+        "architecture": name,
+        "tag": f"scale-{cfg.meta.name.replace('/', '-')}",
+        "input_size": (3, crop, crop),
+        "fixed_input_size": False,
+        "interpolation": "bicubic",
+        "crop_pct": crop / resize,
+        "crop_mode": "center",
+        "mean": tuple(float(m) for m in views.mean),
+        "std": tuple(float(s) for s in views.std),
+        "num_classes": 0,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "license": license,
+    }
 
 
 def timm_args(backbone) -> dict:
@@ -61,10 +97,17 @@ def _measured(run_dir: Path) -> dict:
     return found
 
 
-def model_card(cfg, run_dir: Path, step: int, what: str, hub: bool) -> str:
+def model_card(cfg, run_dir: Path, step: int, what: str, hub: bool, license: str = LICENSE) -> str:
     meta = cfg.meta
     lines = (
-        ["---", "library_name: timm", "tags: [image-feature-extraction, timm, self-supervised]", "---", ""]
+        [
+            "---",
+            "library_name: timm",
+            f"license: {license}",
+            "tags: [image-feature-extraction, timm, self-supervised]",
+            "---",
+            "",
+        ]
         if hub
         else []
     )
@@ -74,6 +117,10 @@ def model_card(cfg, run_dir: Path, step: int, what: str, hub: bool) -> str:
         f"Trained with scale, recipe `{meta.name}`"
         + (f" ({meta.paper} {meta.table}, {meta.row})" if meta.paper else ""),
         f"method {cfg.method.kind}, backbone {cfg.model.name}, {cfg.train.epochs} epochs at global batch {cfg.train.global_batch}.",
+        f"License: {license}.",
+        f"Evaluation transform (timm's `resolve_data_config` + `create_transform` give the same): resize the short "
+        f"side to {cfg.data.views.eval_resize} px (bicubic), center crop {cfg.data.views.eval_crop} px, mean "
+        f"{list(cfg.data.views.mean)}, std {list(cfg.data.views.std)}.",
         "",
         "```python",
         "import timm",
@@ -98,18 +145,30 @@ def model_card(cfg, run_dir: Path, step: int, what: str, hub: bool) -> str:
 
 
 def write_timm(
-    tensors: dict[str, torch.Tensor], cfg, run_dir: Path, step: int, what: str, out: Path, hub: bool
+    tensors: dict[str, torch.Tensor],
+    cfg,
+    run_dir: Path,
+    step: int,
+    what: str,
+    out: Path,
+    hub: bool,
+    license: str = LICENSE,
 ) -> Path:
-    """The export folder: weights loaded strictly into timm's model, saved by timm, with the model card."""
+    """The export folder: weights loaded strictly into timm's model, saved by timm with the run's own
+    pretrained_cfg, and the model card; every file 0644."""
     import timm
     from timm.models import save_for_hf
 
     from scale.models import build_backbone
 
     args = timm_args(build_backbone(cfg.model, device="meta"))
-    model = timm.create_model(TIMM_VIT, pretrained=False, **args)
+    name = architecture(args)
+    model = timm.create_model(name, pretrained=False, **args)
     model.load_state_dict(tensors, strict=True)
+    model.pretrained_cfg = pretrained_cfg(cfg, name, license)
     out.mkdir(parents=True, exist_ok=True)
     save_for_hf(model, str(out), model_args=args, safe_serialization=True)
-    (out / "README.md").write_text(model_card(cfg, run_dir, step, what, hub))
+    (out / "README.md").write_text(model_card(cfg, run_dir, step, what, hub, license))
+    for path in out.iterdir():
+        path.chmod(FILE_MODE)
     return out

@@ -24,6 +24,12 @@ def register(sub) -> None:
         help="safetensors | torch (a file) | timm | hf (a folder timm loads: config.json, model.safetensors, model card)",
     )
     exp.add_argument("--out", required=True)
+    exp.add_argument(
+        "--license",
+        default="other",
+        help="timm / hf: the weights' license in config.json and the card, e.g. apache-2.0, cc-by-nc-4.0 "
+        "(default: %(default)s)",
+    )
     exp.set_defaults(func=cmd_export)
 
 
@@ -52,5 +58,5 @@ def cmd_info(args) -> int:
 def cmd_export(args) -> int:
     from scale.checkpoint.export import export
 
-    print(export(args.path, args.what, args.format, args.out))
+    print(export(args.path, args.what, args.format, args.out, license=args.license))
     return 0

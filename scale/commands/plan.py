@@ -1,21 +1,17 @@
 """scale plan RECIPE [overrides] (--gpus N | --nodes N --gpus-per-node G) [--gpu NAME | --gpu-mem GB]
-[--gpu-tflops T]: per-GPU memory, the bytes each GPU sends per step inside its node and across nodes, and step time
-of each engine setting (DDP, FSDP2, HSDP, ZeRO-1/2/3), and a setting (engine, checkpointing, micro-batch,
-accumulation) that fits. The proposal keeps the recipe's engine laid out as `scale submit` lays it out
-(scale.engine.kinds.recipe_setting), so that both give one answer; it changes the engine only when none fits."""
+[--gpu-tflops T] [--mfu F]: first the recipe exactly as `scale submit` launches it (engine, shard size, activation
+checkpointing, micro-batch, accumulation, precision, compile: scale.bench.layout.launch_setting, the one function both
+use) and whether it fits; then per-GPU memory, the bytes each GPU sends per step inside its node and across nodes,
+and step time of each engine (DDP, FSDP2, HSDP, ZeRO-1/2/3); then a setting that fits. Step time is calibrated from
+the measured device rows (scale/bench/measured.yaml) of the same card and model family; the line says which."""
+
+from dataclasses import dataclass
 
 from scale.bench.gpus import DEFAULT_GPU, GPUS
 
 
-def register(sub) -> None:
-    parser = sub.add_parser(
-        "plan", help="predict per-GPU memory, network bytes and step time per engine; propose a setting that fits"
-    )
-    parser.add_argument("recipe", help="recipe name or YAML path")
-    parser.add_argument("overrides", nargs="*", help="section.key=value")
-    parser.add_argument("--gpus", type=int, help="number of GPUs (ranks) on one node; or give --nodes")
-    parser.add_argument("--nodes", type=int, help="number of nodes (with --gpus-per-node)")
-    parser.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node")
+def add_gpu_arguments(parser) -> None:
+    """The GPU the job is planned for: `scale plan` and `scale submit` (its verdict) take the same options."""
     parser.add_argument(
         "--gpu",
         choices=sorted(GPUS),
@@ -23,23 +19,42 @@ def register(sub) -> None:
         help=f"GPU model: its memory and peak ({', '.join(sorted(GPUS))}); default: this machine's GPU, "
         f"else {DEFAULT_GPU}",
     )
-    parser.add_argument("--gpu-mem", type=float, help="memory per GPU, GB (GiB); overrides --gpu's")
+    parser.add_argument("--gpu-mem", type=float, help="memory per GPU, GiB; overrides --gpu's")
     parser.add_argument(
         "--gpu-tflops", type=float, help="peak TFLOP/s of one GPU in the recipe's precision (default: the GPU's)"
     )
-    parser.add_argument("--mfu", type=float, default=0.4, help="fraction of the peak a step achieves")
+    parser.add_argument(
+        "--mfu",
+        type=float,
+        help="fraction of the peak a step computes at (default: measured on this card and model family, "
+        "scale/bench/measured.yaml; else 0.4)",
+    )
     parser.add_argument(
         "--bandwidth",
         type=float,
         default=100.0,
-        help="collective bandwidth per GPU inside a node, GB/s (NVLink: 100+)",
+        help="collective bandwidth per GPU inside a node, GB/s (NVLink: 100+) (default: %(default)s)",
     )
     parser.add_argument(
         "--inter-bandwidth",
         type=float,
         default=25.0,
-        help="collective bandwidth per GPU across nodes, GB/s (InfiniBand / RoCE: 12-50)",
+        help="collective bandwidth per GPU across nodes, GB/s (InfiniBand / RoCE: 12-50) (default: %(default)s)",
     )
+
+
+def register(sub) -> None:
+    parser = sub.add_parser(
+        "plan",
+        help="judge the recipe as `scale submit` launches it (memory, step time), compare engines, propose a "
+        "setting that fits",
+    )
+    parser.add_argument("recipe", help="recipe name or YAML path")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    parser.add_argument("--gpus", type=int, help="number of GPUs (ranks) on one node; or give --nodes")
+    parser.add_argument("--nodes", type=int, help="number of nodes (with --gpus-per-node)")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node")
+    add_gpu_arguments(parser)
     parser.set_defaults(func=cmd_plan)
 
 
@@ -59,8 +74,8 @@ def layout(args) -> tuple[int, int]:
 
 
 def gpu_model(args) -> tuple[float, str, str]:
-    """(memory GiB, peak-table name, where from) of the GPU planned for: --gpu-mem, --gpu, this machine's GPU,
-    else DEFAULT_GPU."""
+    """(memory GiB, card name, where from) of the GPU planned for: --gpu-mem, --gpu, this machine's GPU, else
+    DEFAULT_GPU."""
     if args.gpu:
         mem, name = GPUS[args.gpu]
         source = f"--gpu {args.gpu}"
@@ -77,52 +92,106 @@ def gpu_model(args) -> tuple[float, str, str]:
     return mem, name, source
 
 
-def cmd_plan(args) -> int:
+@dataclass
+class Judgement:
+    """The recipe as submit launches it on a layout, predicted: what `scale plan` prints first and `scale submit`
+    prints as its verdict."""
+
+    trace: object  # scale.bench.trace.StepTrace
+    setting: object  # scale.bench.layout.Setting
+    own: object  # scale.bench.plan.Prediction of `setting`
+    common: tuple  # the arguments plan() and predict() share after (trace, setting / per-GPU batch)
+    per_gpu: int
+    world: int
+    gpus_per_node: int
+    gpu_mem: float  # GiB
+    gpu_source: str
+    peak: float
+    mfu: float  # hardware-FLOP fraction of the peak predict() uses
+    mfu_note: str
+
+    @property
+    def fits(self) -> bool:
+        from scale.bench.plan import HEADROOM
+
+        return self.own.memory["total"] <= HEADROOM * self.gpu_mem * 2**30
+
+    def verdict(self) -> str:
+        from scale.bench.plan import HEADROOM
+
+        limit = HEADROOM * self.gpu_mem
+        used = self.own.memory["total"] / 2**30
+        fits = "fits" if self.fits else "does NOT fit"
+        return (
+            f"as `scale submit` launches it: {self.setting.label()}: {used:.1f} GiB per GPU of {limit:.1f} GiB "
+            f"({HEADROOM:.0%} of {self.gpu_mem:.1f}): {fits}; {self.own.step_s:.3f} s/step predicted"
+        )
+
+
+def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int, args) -> Judgement:
+    """Predict the recipe's own setting (scale.bench.layout.launch_setting) on nodes x gpus_per_node GPUs."""
     from scale.config import load_recipe
     from scale.errors import UserError
 
-    # the arguments and the recipe are checked before the planner's imports (torch, timm): usage errors are quick
-    world, gpus_per_node = layout(args)
-    if (args.gpu_mem is not None and args.gpu_mem <= 0) or not 0 < args.mfu <= 1:
+    # the arguments are checked before the planner's imports (torch, timm): usage errors are quick
+    world = nodes * gpus_per_node
+    if world < 1 or cfg.train.global_batch % world:
+        raise UserError(f"{world} GPUs must be >= 1 and divide train.global_batch {cfg.train.global_batch}")
+    if (args.gpu_mem is not None and args.gpu_mem <= 0) or (args.mfu is not None and not 0 < args.mfu <= 1):
         raise UserError("--gpu-mem, --bandwidth and --inter-bandwidth must be positive and --mfu in (0, 1]")
     if args.bandwidth <= 0 or args.inter_bandwidth <= 0:
         raise UserError("--gpu-mem, --bandwidth and --inter-bandwidth must be positive and --mfu in (0, 1]")
-    cfg = load_recipe(args.recipe, args.overrides)
-    if world < 1 or cfg.train.global_batch % world:
-        raise UserError(f"{world} GPUs must be >= 1 and divide train.global_batch {cfg.train.global_batch}")
-    from scale.bench.flops import table_peak
-    from scale.bench.plan import format_plan, plan
+    from scale.bench.flops import card_key, table_peak
+    from scale.bench.layout import launch_setting
+    from scale.bench.measured import calibrate, family, load_rows
+    from scale.bench.plan import hardware_mfu, predict
     from scale.bench.trace import trace_step
-    from scale.engine.kinds import recipe_setting
 
     gpu_mem, gpu_name, gpu_source = gpu_model(args)
     precision = cfg.engine.precision
-    peak = (
-        args.gpu_tflops * 1e12 if args.gpu_tflops else table_peak(gpu_name, precision) or table_peak("A100", precision)
-    )
-    per_gpu = cfg.train.global_batch // world
+    peak = args.gpu_tflops * 1e12 if args.gpu_tflops else table_peak(gpu_name, precision)
+    peak = peak or table_peak("A100", precision)
+    setting = launch_setting(cfg, overrides, nodes, gpus_per_node)
     trace = trace_step(cfg)
-    # the recipe's engine as `scale submit` lays it out on these nodes: the planner proposes what submit runs
-    own = recipe_setting(
-        cfg.engine.kind, cfg.engine.zero_stage, cfg.engine.shard_size, world // gpus_per_node, gpus_per_node
-    )
-    common = (world, gpu_mem * 2**30, precision, cfg.optim.name, peak, args.mfu, args.bandwidth * 1e9)
-    table, best = plan(trace, per_gpu, *common, gpus_per_node, args.inter_bandwidth * 1e9, recipe=own)
-    _, fastest = plan(trace, per_gpu, *common, gpus_per_node, args.inter_bandwidth * 1e9)
+    if args.mfu is not None:
+        mfu, note = args.mfu, f"MFU {args.mfu:.0%} (--mfu)"
+    else:
+
+        def family_of(name: str):
+            return family(load_recipe(name))
+
+        cal = calibrate(load_rows(), card_key(gpu_name), recipe, family(cfg), precision, setting.compile, family_of)
+        mfu, note = hardware_mfu(trace, cal.mfu, cal.ac), cal.note
+    per_gpu = cfg.train.global_batch // world
+    common = (world, gpu_mem * 2**30, precision, cfg.optim.name, peak, mfu, args.bandwidth * 1e9)
+    own = predict(trace, setting, *common[:1], *common[2:], gpus_per_node, args.inter_bandwidth * 1e9)
+    return Judgement(trace, setting, own, common, per_gpu, world, gpus_per_node, gpu_mem, gpu_source, peak, mfu, note)
+
+
+def cmd_plan(args) -> int:
+    from scale.bench.plan import format_plan, plan
+    from scale.config import load_recipe
+
+    cfg = load_recipe(args.recipe, args.overrides)
+    world, gpus_per_node = layout(args)
+    j = judge(cfg, args.recipe, args.overrides, world // gpus_per_node, gpus_per_node, args)
+    inter = args.inter_bandwidth * 1e9
+    table, best = plan(j.trace, j.per_gpu, *j.common, gpus_per_node, inter, recipe=j.setting)
+    _, fastest = plan(j.trace, j.per_gpu, *j.common, gpus_per_node, inter)
     print(
-        f"{args.recipe}: {trace.params / 1e6:.1f} M student parameters, {precision}, {cfg.optim.name}, "
-        f"GPU {gpu_source}: {gpu_mem:.1f} GiB, "
-        f"{peak / 1e12:.0f} TFLOP/s peak per GPU at {args.mfu:.0%} MFU, {args.bandwidth:.0f} GB/s inside a node, "
-        f"{args.inter_bandwidth:.0f} GB/s across nodes"
+        f"{args.recipe}: {j.trace.params / 1e6:.1f} M student parameters, {cfg.engine.precision}, {cfg.optim.name}, "
+        f"GPU {j.gpu_source}: {j.gpu_mem:.1f} GiB, {j.peak / 1e12:.0f} TFLOP/s peak per GPU, "
+        f"{args.bandwidth:.0f} GB/s inside a node, {args.inter_bandwidth:.0f} GB/s across nodes"
     )
-    print(format_plan(trace, table, best, world, gpu_mem * 2**30, per_gpu, gpus_per_node))
-    if best is not None:
-        recipe_engine = f"engine.kind={cfg.engine.kind}" + (f", shard size {own[1]}" if own[1] else "")
-        kept = best.setting.name.split("/")[0] == own[0]
+    print(f"step time: {j.mfu_note}")
+    print(j.verdict())
+    print(format_plan(j.trace, table, best, world, j.gpu_mem * 2**30, j.per_gpu, gpus_per_node, recipe=j.setting))
+    if best is not None and best.setting != j.setting:
+        kept = best.setting.engine == j.setting.engine
         print(
-            f"  the recipe's engine ({recipe_engine}), as `scale submit` lays it out"
+            "  the recipe's engine with other checkpointing / accumulation: pass these overrides to `scale submit`"
             if kept
-            else f"  the recipe's engine ({own[0]}) does not fit: pass these overrides to `scale submit` too"
+            else f"  the recipe's engine ({j.setting.name}) does not fit: pass these overrides to `scale submit`"
         )
     if best is not None and fastest is not None and fastest.setting.name != best.setting.name:
         print(

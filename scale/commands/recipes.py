@@ -24,6 +24,11 @@ def register(sub) -> None:
         "the assumptions, and the values with no source",
     )
     show.add_argument("--json", action="store_true", help="with --sources: print JSON for machines")
+    show.add_argument(
+        "--all",
+        action="store_true",
+        help="every section, also the method sections this recipe's method does not read",
+    )
     show.set_defaults(func=cmd_show)
     check = rsub.add_parser(
         "check",
@@ -115,6 +120,7 @@ def _selected(args) -> list:
     """Recipe paths of --paper / --table (recipes/<paper>/<table>/<row>.yaml)."""
     from scale.config import list_recipes, recipe_name
 
+    check_filters(args)
     paths = []
     for path in list_recipes():
         parts = recipe_name(path).split("/")
@@ -132,6 +138,7 @@ def cmd_list(args) -> int:
 
     from scale.config import list_recipes
 
+    check_filters(args)
     defaults = _section_defaults()
     rows = [quick_summary(p, defaults) for p in list_recipes()]
     rows = [
@@ -154,6 +161,33 @@ def cmd_list(args) -> int:
     return 0
 
 
+def used_sections(cfg):
+    """The recipe without the `method` sub-sections its method does not read (scale.methods.config.SECTIONS)."""
+    from omegaconf import OmegaConf
+
+    from scale.methods.config import method_sections
+
+    data = OmegaConf.to_container(cfg)
+    keep = method_sections(cfg.method.kind)
+    data["method"] = {k: v for k, v in data["method"].items() if not isinstance(v, dict) or k in keep}
+    return OmegaConf.create(data)
+
+
+def check_filters(args) -> None:
+    """--paper / --table that no recipe has: exit 2 naming the known ones (an empty table said nothing)."""
+    from scale.config import list_recipes, recipe_name
+    from scale.errors import UserError
+
+    names = [recipe_name(p).split("/") for p in list_recipes()]
+    papers = sorted({n[0] for n in names if len(n) >= 3})
+    if args.paper and args.paper not in papers:
+        raise UserError(f"--paper {args.paper}: no such paper; known: {', '.join(papers)}")
+    tables = sorted({n[1] for n in names if len(n) >= 3 and (not args.paper or n[0] == args.paper)})
+    if args.table and args.table not in tables:
+        where = f" of {args.paper}" if args.paper else ""
+        raise UserError(f"--table {args.table}: no such table{where}; known: {', '.join(tables)}")
+
+
 def cmd_show(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -162,7 +196,7 @@ def cmd_show(args) -> int:
 
     cfg = load_recipe(args.recipe, args.overrides)
     if not args.sources:
-        print(to_yaml(cfg), end="")
+        print(to_yaml(cfg if args.all else used_sections(cfg)), end="")
         return 0
     from scale.recipes.provenance import source_table, written_keys
 

@@ -16,10 +16,15 @@ def cmd_status(args) -> int:
     from rich.table import Table
 
     from scale.errors import UserError
-    from scale.launch.status import run_status, summary_row, sweep_tasks
+    from scale.launch.status import is_run_dir, run_status, summary_row, sweep_tasks
 
     if not Path(args.run_dir).is_dir():
         raise UserError(f"run directory not found: {args.run_dir}")
+    if not is_run_dir(Path(args.run_dir)):
+        raise UserError(
+            f"{args.run_dir}: not a run directory (no config.yaml, metrics.jsonl, checkpoints/ or submitted job, "
+            "and no sweep tasks)"
+        )
     runs = sweep_tasks(args.run_dir) or [Path(args.run_dir)]
     statuses = [run_status(run) for run in runs]
     if args.json:

@@ -227,22 +227,80 @@ def parse_overrides(overrides: Iterable[str]) -> dict:
         raise ConfigError(f"bad override: {err}") from None
 
 
+SET_IN = "set in "  # a `sources` entry of a value a later recipe file or the command line set without a source
+
+
+def _leaf_keys(raw: dict, prefix: str = ""):
+    for key, value in raw.items():
+        if isinstance(value, dict) and value:
+            yield from _leaf_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def _line_of(where: str, dotted: str) -> str:
+    """`where` with the line that sets `dotted` (`file:line`); `where` itself for the command line."""
+    if where == "command line":
+        return where
+    try:
+        node = yaml.compose(Path(where).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return where
+    parts = dotted.split(".")
+    while parts and isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            head = ".".join(parts[: len(key_node.value.split("."))])
+            if key_node.value == head:
+                parts = parts[len(head.split(".")) :]
+                line, node = key_node.start_mark.line + 1, value_node
+                break
+        else:
+            return where
+    return f"{where}:{line}" if not parts else where
+
+
+def _restate(cfg: DictConfig, raw: dict, where: str, restated: dict[str, str]) -> None:
+    """A value this layer (a recipe file, the command line) changes is no longer what an earlier layer's `sources`
+    entry states: unless this layer gives its own entry, the value's origin becomes this layer (issue 48, item 8).
+    A value set again to what its source states keeps that source."""
+    own = set((raw.get("sources") or {}).keys())
+    for key in own:
+        restated.pop(key, None)
+    stated = cfg.get("sources") or {}
+    for key in _leaf_keys({k: v for k, v in raw.items() if k != "sources"}):
+        if key in stated and key not in own and not _states(stated[key], OmegaConf.select(cfg, key)):
+            restated[key] = _line_of(where, key)
+
+
+def _states(entry, value) -> bool:
+    """Whether a `sources` entry [value, source] states `value`."""
+    value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    stated = OmegaConf.to_container(entry) if OmegaConf.is_config(entry) else entry
+    return isinstance(stated, list) and len(stated) == 2 and stated[0] == value
+
+
 def load_recipe(name_or_path: str, overrides: Iterable[str] = ()) -> DictConfig:
     """The resolved, validated recipe as a typed OmegaConf config."""
     path = recipe_path(name_or_path)
     cfg = _defaults()
     origins = Origins()
     sources = [(str(file), raw) for file, raw in _load_chain(path)] + [("command line", parse_overrides(overrides))]
+    restated: dict[str, str] = {}
     for where, raw in sources:
         raw = _renamed(raw, where)
         cfg = _merge(cfg, raw, where)
         origins.record(raw, where)
+        _restate(cfg, raw, where, restated)
     if not cfg.meta.name:
         cfg.meta.name = recipe_name(path)
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
         raise ConfigError(f"{path}: cannot resolve '{getattr(err, 'full_key', '?')}': {err}") from None
+    for key, where in restated.items():
+        value = OmegaConf.select(cfg, key)
+        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        cfg.sources[key] = [value, f"{SET_IN}{where}"]
     check_recipe(cfg, Recipe, origins)
     return cfg
 

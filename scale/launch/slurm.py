@@ -85,6 +85,7 @@ class Job:
     tasks: list[Task]
     array: bool = False
     python: str = field(default_factory=lambda: sys.executable)
+    notes: list[str] = field(default_factory=list)  # what submit chose for the user, and what it warns about
 
     @property
     def script(self) -> Path:
@@ -99,7 +100,7 @@ class Job:
             mesh = f"{ranks // size} replica(s) x {size} shard(s)"
             name = f"{task.run_dir.name}: " if self.array else ""
             lines.append(f"{name}{ranks} ranks, engine.shard_size={size} ({task.shard_source}): {mesh}")
-        return lines
+        return lines + self.notes
 
 
 def time_seconds(text: str) -> int | None:
@@ -232,22 +233,16 @@ def _check_run_dir(run_dir: Path) -> None:
         raise UserError(f"--run-dir '{run_dir}': must not contain quotes, '%', backslashes or control characters")
 
 
-def _overrides_key(overrides: list[str], key: str) -> bool:
-    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
-
-
 def shard_within_nodes(task: Task, cfg, options: SlurmOptions) -> Task:
     """A multi-node task of an engine that shards parameters shards them within a node unless told otherwise
-    (scale.engine.kinds.recipe_setting: the rule `scale plan` proposes too)."""
-    from scale.engine.kinds import recipe_setting
+    (scale.bench.layout.launch_setting: the one function `scale plan` judges the run with too)."""
+    from scale.bench.layout import launch_setting, overrides_key
 
     task.shard_size = int(cfg.engine.shard_size)
-    if _overrides_key(task.overrides, "engine.shard_size"):
+    if overrides_key(task.overrides, "engine.shard_size"):
         task.shard_source = "overrides"
         return task
-    _, size = recipe_setting(
-        cfg.engine.kind, cfg.engine.zero_stage, task.shard_size, options.nodes, options.ntasks_per_node
-    )
+    size = launch_setting(cfg, task.overrides, options.nodes, options.ntasks_per_node).shard_size
     if size != task.shard_size:
         task.shard_size = size
         task.shard_source = "GPUs per node" if options.gpus_per_node else "tasks per node"
@@ -282,7 +277,38 @@ def plan(
             tasks.append(shard_within_nodes(task, task_cfg, options))
     if options.job_name is None:
         options = replace(options, job_name=re.sub(r"[^\w.-]+", "_", cfg.meta.name))
-    return Job(_recipe_arg(recipe), options, root, tasks, array=sets is not None)
+    options, notes = resource_defaults(options, cfg)
+    return Job(_recipe_arg(recipe), options, root, tasks, array=sets is not None, notes=notes)
+
+
+def resource_defaults(options: SlurmOptions, cfg) -> tuple[SlurmOptions, list[str]]:
+    """--cpus-per-task of a GPU job from the loader (data.workers + the training process itself: Slurm's default is
+    often one CPU per task), and one-line warnings for what Slurm would otherwise decide alone (--time, --mem) and for data paths
+    this machine cannot see."""
+    notes = []
+    if options.cpus_per_task is None and options.gpus_per_node:  # a CPU job's tasks share the node as Slurm says
+        options = replace(options, cpus_per_task=int(cfg.data.workers) + 1)
+        notes.append(
+            f"--cpus-per-task={options.cpus_per_task}: data.workers {cfg.data.workers} + 1 (give it to change)"
+        )
+    if options.time is None:
+        notes.append(
+            "warning: no --time: the partition's default limit applies, and the checkpoint signal comes "
+            f"{options.signal_lead} s before it"
+        )
+    if options.mem is None:
+        notes.append(
+            "warning: no --mem: the partition's default memory applies (often a few GB per CPU), which "
+            "loader workers can exceed"
+        )
+    for key in ("train", "val"):
+        path = cfg.data[key]
+        if path and not Path(path).expanduser().exists():
+            notes.append(
+                f"warning: data.{key} {path} does not exist on this machine: the job fails unless the "
+                "compute nodes see it"
+            )
+    return options, notes
 
 
 def _directive(value) -> str:

@@ -77,6 +77,25 @@ def total_steps(config_path: Path) -> int | None:
     return min(candidates) if candidates else None
 
 
+def steps_from_epochs(config_path: Path, last: dict) -> int | None:
+    """An epoch-mode run (train.samples_per_epoch null: the epoch is the dataset): train.epochs x the steps per
+    epoch that its last metrics line shows (the loop logs `epoch` as steps done / steps per epoch)."""
+    try:
+        epochs = ((yaml.safe_load(config_path.read_text()) or {}).get("train") or {}).get("epochs")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    epoch = last.get("epoch")
+    if not isinstance(epochs, int) or epochs <= 0 or not isinstance(epoch, (int, float)) or epoch <= 0:
+        return None
+    return epochs * round(last["step"] / epoch)
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether `path` holds a run (a config, metrics, checkpoints or a submitted job) or a sweep of runs."""
+    marks = ("config.yaml", "metrics.jsonl", "checkpoints", slurm.JOB_RECORD, slurm.SCRIPT_NAME)
+    return any((path / mark).exists() for mark in marks) or bool(sweep_tasks(path))
+
+
 def _step_of(name: str) -> int | None:
     match = re.search(r"(\d+)$", name)
     return int(match.group(1)) if match else None
@@ -131,6 +150,8 @@ def run_status(run_dir: str | Path, query_slurm: bool = True) -> RunStatus:
     if records:
         last = records[-1]
         status.step = int(last["step"])
+        if status.total_steps is None:
+            status.total_steps = steps_from_epochs(root / "config.yaml", last)
         status.epoch = last.get("epoch")
         status.loss = last.get("loss")
         status.images_per_s = last.get("images_per_s")

@@ -23,7 +23,6 @@ from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.faults import maybe_inject
 from scale.launch.local import CHECKED, LAUNCH_MARK, already_launched, spawn
 from scale.loop.preemption import Preemption
-from scale.loop.progress import progress_bar
 from scale.loop.resume import check_resumable
 from scale.loop.rundir import RunDir, setup_logging
 from scale.loop.runlock import RunLock
@@ -31,6 +30,7 @@ from scale.loop.runlock import hold as hold_run_lock
 from scale.loop.step import NonFiniteStep, TrainStep, read_record
 from scale.loop.validation import Validation, check_val_data
 from scale.methods import has_class_head
+from scale.progress import progress_bar
 from scale.trackers import Trackers, check_trackers
 from scale.watch.collapse import CollapseAlarm
 from scale.watch.heartbeat import Heartbeat
@@ -244,8 +244,10 @@ class Trainer:
         finally:
             self.heartbeat.close(ended)
             bar.close()
-            self.metrics.close()
-            self.checkpointer.close()
+            try:
+                self.checkpointer.close()  # the checkpoint sealed first: a preempted job may be killed any moment
+            finally:
+                self.metrics.close()  # bounded (scale.trackers.CLOSE_TIMEOUT_S): never holds up the exit
         log.info("finished at step %d; run directory %s", stop, self.run.root)
         return 0
 

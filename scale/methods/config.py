@@ -128,6 +128,14 @@ class SupervisedConfig:
     cutmix: float = at_least(1.0, 0.0)
 
 
+# the sub-sections of `method` each kind reads (`scale recipes show` prints only those); the others read `moco`
+SECTIONS = {"dino": ("dino",), "esvit": ("dino",), "drloc": ("drloc", "supervised"), "supervised": ("supervised",)}
+
+
+def method_sections(kind: str) -> tuple[str, ...]:
+    return SECTIONS.get(kind, ("moco",))
+
+
 @dataclass
 class MethodConfig:
     # the declared methods (scale/methods/registry.py KINDS): dino, esvit, mocov3, mocov2, simclr, byol, swav, drloc, ...

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from scale.config.load import _load_chain, recipe_path
+from scale.config.load import SET_IN, _load_chain, recipe_path
 
 PAPERS = ("dino", "mocov3", "esvit", "drloc")
 ASSUMPTION = "assumption:"
@@ -198,6 +198,8 @@ def source_errors(cfg: DictConfig, written: set[str] = frozenset()) -> list[str]
         entry = sources.get(key)
         if entry is None:
             errors.append(f"{key}={ours!r} has no source (add sources.{key}: [value, 'where it is stated'])")
+        elif entry.source.startswith(SET_IN) and entry.source != SET_IN + "command line":
+            errors.append(f"{key}={ours!r} is {entry.source} without a source (add sources.{key} there)")
         elif not _same(ours, entry.value):
             errors.append(f"{key}={ours!r} but {entry.source} states {entry.value!r}")
     errors += [f"sources.{key} names no key of the recipe" for key in sources if not _exists(cfg, key)]
@@ -221,5 +223,6 @@ def source_table(cfg: DictConfig, written: set[str] = frozenset()) -> list[dict]
     for key in stated_keys(cfg, written):
         entry = sources.get(key)
         kind = "none" if entry is None else "assumption" if entry.assumption else "source"
+        kind = "set" if entry is not None and entry.source.startswith(SET_IN) else kind
         rows.append({"key": key, "value": _value(cfg, key), "kind": kind, "source": entry.source if entry else ""})
     return rows

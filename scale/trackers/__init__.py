@@ -9,6 +9,8 @@ import importlib.util
 import json
 import logging
 import subprocess
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,6 +27,9 @@ SINKS = {  # train.trackers name -> class (module:name)
     "mlflow": "scale.trackers.mlflow_run:MlflowSink",
 }
 STATE_FILE = "trackers.json"
+# seconds all trackers together may take to close: a preempted job has Slurm's KillWait (30 s by default) from its
+# signal to the SIGKILL, the checkpoint comes first; a tracker still uploading then is left to its own files
+CLOSE_TIMEOUT_S = 5.0
 
 
 def sink_class(name: str):
@@ -64,9 +69,10 @@ def run_config(cfg: DictConfig, root: Path) -> dict:
 
 
 def tracker_settings(cfg: DictConfig) -> DictConfig:
-    """train.tracker with its defaults filled in from meta."""
-    settings = cfg.train.tracker.copy()
-    settings.project = settings.project or cfg.meta.paper or "scale"
+    """train.tracker as set in the recipe (an empty key: the tracker's environment variable, else the default),
+    with `default_project` (meta.paper, else "scale") and the run's name (meta.name unless set)."""
+    settings = OmegaConf.create(OmegaConf.to_container(cfg.train.tracker, resolve=True))
+    settings.default_project = cfg.meta.paper or "scale"
     settings.name = settings.name or cfg.meta.name
     return settings
 
@@ -143,11 +149,33 @@ class Trackers:
         self.state.last_step = step
         self.state.save()
 
-    def close(self) -> None:
-        if self.enabled:
-            for sink in (self.jsonl, *self.sinks.values()):
-                with self._disk_full_tolerated("the last metrics"):
-                    sink.close()
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Close every sink, the trackers' in background threads that the process does not wait for: those not done
+        within `timeout` seconds (an upload, a server that does not answer) are left running and named."""
+        if not self.enabled:
+            return
+        with self._disk_full_tolerated("the last metrics"):
+            self.jsonl.close()
+        deadline = time.monotonic() + timeout
+        threads = {
+            name: threading.Thread(target=self._close, args=(sink,), daemon=True) for name, sink in self.sinks.items()
+        }
+        for thread in threads.values():
+            thread.start()
+        for thread in threads.values():
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        late = [name for name, thread in threads.items() if thread.is_alive()]
+        if late:
+            log.warning(
+                "trackers: %s did not close within %.0f s; not waiting (their local files hold the run: W&B's "
+                "`wandb sync` uploads them)",
+                ", ".join(late),
+                timeout,
+            )
+
+    def _close(self, sink) -> None:
+        with self._disk_full_tolerated("the last metrics"):
+            sink.close()
 
     @contextmanager
     def _disk_full_tolerated(self, what: str):

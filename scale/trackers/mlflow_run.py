@@ -1,12 +1,13 @@
-"""MLflow: one MLflow run per scale run, reopened by id after a requeue. Without `train.tracker.tracking_uri` the
-store is a folder, <run>/mlruns (`mlflow ui --backend-store-uri <run>/mlruns`): no server, no network."""
+"""MLflow: one MLflow run per scale run, reopened by id after a requeue. The store: `train.tracker.tracking_uri`,
+else MLFLOW_TRACKING_URI, else a folder, <run>/mlruns (`mlflow ui --backend-store-uri <run>/mlruns`): no server, no
+network. The experiment: `train.tracker.project`, else MLFLOW_EXPERIMENT_NAME, else meta.paper."""
 
 import os
 import re
 import time
 from pathlib import Path
 
-from scale.trackers.sink import Sink
+from scale.trackers.sink import Sink, setting
 
 PARAMS_PER_CALL = 100  # MLflow's limit per log_batch
 
@@ -25,13 +26,14 @@ class MlflowSink(Sink):
         from mlflow import MlflowClient
         from mlflow.entities import Param, RunStatus
 
-        uri = settings.tracking_uri or (root / "mlruns").resolve().as_uri()
+        uri = setting(settings.tracking_uri, "MLFLOW_TRACKING_URI", (root / "mlruns").resolve().as_uri())
         if uri.startswith("file:"):  # MLflow 3 keeps the file store behind this switch (no SQLAlchemy needed)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         if run_id is None:
-            experiment = self.client.get_experiment_by_name(settings.project)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(settings.project)
+            name = setting(settings.project, "MLFLOW_EXPERIMENT_NAME", settings.default_project)
+            experiment = self.client.get_experiment_by_name(name)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
             tags = {tag: "" for tag in settings.tags}
             commit = config["scale"].get("git_commit")
             tags.update({"mlflow.source.git.commit": commit} if commit else {})

@@ -1,5 +1,6 @@
 """What every experiment tracker implements (scale.trackers.Trackers fans a run's records out to them)."""
 
+import os
 from pathlib import Path
 
 
@@ -24,3 +25,9 @@ class Sink:
 def files_of(paths: list[Path]) -> list[Path]:
     """The files of `paths`, folders expanded."""
     return [f for p in paths for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])]
+
+
+def setting(recipe_value, env: str, default):
+    """A tracker setting: the recipe's key when set, else the environment variable the tracker's own library
+    defines (a cluster profile's MLFLOW_TRACKING_URI, WANDB_DIR, ...), else scale's default."""
+    return recipe_value or os.environ.get(env) or default

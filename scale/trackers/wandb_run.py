@@ -1,10 +1,12 @@
 """Weights & Biases: one W&B run per scale run, resumed by id after a requeue. Offline (`train.tracker.offline`
 or WANDB_MODE=offline) it writes <run>/wandb/offline-run-*, one folder per attempt with the same run id, which
-`wandb sync` uploads into that one run."""
+`wandb sync` uploads into that one run. Project, entity and mode: the recipe's keys, else WANDB_PROJECT,
+WANDB_ENTITY and WANDB_MODE, else meta.paper, the logged-in default and online; the files go to WANDB_DIR, else the
+run directory."""
 
 from pathlib import Path
 
-from scale.trackers.sink import Sink
+from scale.trackers.sink import Sink, setting
 
 
 class WandbSink(Sink):
@@ -14,15 +16,15 @@ class WandbSink(Sink):
         import wandb
 
         self.run = wandb.init(
-            project=settings.project,
-            entity=settings.entity or None,
+            project=setting(settings.project, "WANDB_PROJECT", settings.default_project),
+            entity=setting(settings.entity, "WANDB_ENTITY", None),
             name=settings.name,
             tags=list(settings.tags) or None,
             id=run_id,
             resume="allow",
-            dir=str(root),
+            dir=setting(None, "WANDB_DIR", str(root)),
             config=config,
-            mode="offline" if settings.offline else None,  # None: WANDB_MODE, else online
+            mode="offline" if settings.offline else setting(None, "WANDB_MODE", None),  # None: online
             settings=wandb.Settings(console="off"),  # our own logs are in <run>/logs
         )
         self.run_id = self.run.id

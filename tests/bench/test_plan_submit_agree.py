@@ -1,11 +1,18 @@
 """`scale plan` and `scale submit` give one answer: the planner proposes the recipe's engine laid out as submit lays
-it out (scale.engine.kinds.recipe_setting), and takes the GPU's memory from --gpu-mem, a named model or a default."""
+it out (scale.engine.kinds.recipe_setting), and takes the GPU's memory from --gpu-mem, a named model or a default;
+plan judges the recipe as submit launches it (scale.bench.layout.launch_setting, one function for both), submit prints
+that verdict and refuses a job that does not fit; the step time is calibrated from the measured device rows
+(scale/bench/measured.yaml)."""
 
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
+from scale.bench.layout import launch_setting
+from scale.bench.measured import load_rows
 from scale.cli import main
+from scale.config import load_recipe
 from scale.engine.kinds import recipe_setting
 from scale.launch import slurm
 
@@ -37,7 +44,8 @@ def test_plan_proposes_what_submit_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     proposed = next(line for line in out.splitlines() if line.startswith("proposed:"))
     assert proposed.startswith("proposed: hsdp/4 ")
-    assert "engine.kind=fsdp2 engine.shard_size=4" in out and "as `scale submit` lays it out" in out
+    assert proposed.endswith("(the recipe as written)")
+    assert "as `scale submit` launches it: hsdp/4 ac=none" in out
 
 
 def test_plan_gpu_memory_from_a_named_model_or_the_default(capsys):
@@ -51,3 +59,62 @@ def test_plan_gpu_memory_from_a_named_model_or_the_default(capsys):
     assert "GPU this machine's" in out or "GPU a100-80gb (default" in out
     with pytest.raises(SystemExit):
         main(["plan", TINY_RECIPE, "--gpus", "2", "--gpu", "no-such-gpu"])
+
+
+def all_recipes() -> list[str]:
+    from scale.config import list_recipes, recipe_name
+
+    return [recipe_name(path) for path in list_recipes()]
+
+
+def test_plan_and_submit_describe_the_same_run_for_every_recipe_on_2x8():
+    """What submit renders (its task's overrides, slurm.shard_within_nodes) reads back as the setting plan judges,
+    for every recipe (one recipe load each: the task's overrides are merged onto it)."""
+    options = slurm.SlurmOptions(nodes=2, gpus_per_node=8)
+    names = all_recipes()
+    for name in names:
+        cfg = load_recipe(name)
+        planned = launch_setting(cfg, [], 2, 8)
+        task = slurm.shard_within_nodes(slurm.Task(Path("run"), []), cfg, options)
+        submitted_cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(task.overrides))
+        assert launch_setting(submitted_cfg, task.overrides, 2, 8) == planned, name
+        assert planned.ac == cfg.engine.activation_checkpointing and planned.grad_accum == cfg.engine.grad_accum
+        assert planned.compile == cfg.engine.compile and task.shard_size == planned.shard_size, name
+    assert len(names) > 100
+
+
+def test_plan_judges_the_recipes_checkpointing_and_submit_refuses_what_does_not_fit(tmp_path, capsys):
+    """mocov3/table1/vit_bn_l7 sets full checkpointing: plan judged it without, and submit launched 73 GiB into a
+    71 GiB limit without a word."""
+    ac = "engine.activation_checkpointing=full"
+    gpu = ["--nodes", "2", "--gpus-per-node", "2", "--gpu-mem", "0.001", "--mfu", "0.1"]
+    assert main(["plan", TINY_RECIPE, ac, *gpu]) == 0
+    out = capsys.readouterr().out
+    verdict = next(line for line in out.splitlines() if line.startswith("as `scale submit` launches it:"))
+    assert "hsdp/2 ac=full micro=" in verdict and "does NOT fit" in verdict
+    assert "as the recipe runs (ac=full, accum=1)" in out
+    run = ["submit", TINY_RECIPE, ac, *gpu, "--dry-run", "--run-dir", str(tmp_path / "r")]
+    assert main(run) == 2
+    captured = capsys.readouterr()
+    assert "does NOT fit" in captured.out
+    assert captured.err.count("\n") == 1 and "hsdp/2 ac=full micro=" in captured.err and "does not fit" in captured.err
+    assert main([*run, "--force"]) == 0
+    assert "engine.shard_size=2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("row", load_rows(), ids=lambda r: f"{r['setting']['recipe']}-compile{r['setting']['compile']}")
+def test_plan_step_time_within_25_percent_of_every_measured_row(row, capsys):
+    s = row["setting"]
+    overrides = [
+        f"engine.kind={s['engine']}",
+        f"engine.precision={s['precision']}",
+        f"engine.compile={str(s['compile']).lower()}",
+        f"engine.activation_checkpointing={s['activation_checkpointing']}",
+        f"train.global_batch={s['batch_per_gpu']}",
+    ]
+    assert main(["plan", s["recipe"], *overrides, "--gpus", "1", "--gpu", "h100-80gb"]) == 0
+    out = capsys.readouterr().out
+    assert "step time: MFU" in out and "measured" in out
+    verdict = next(line for line in out.splitlines() if line.startswith("as `scale submit` launches it:"))
+    predicted = float(verdict.split("; ")[-1].split(" s/step")[0])
+    assert abs(predicted - row["step_s"]) <= 0.25 * row["step_s"], (predicted, row["step_s"])

@@ -65,6 +65,40 @@ def test_export_refuses_a_backbone_timm_cannot_rebuild(tmp_path):
         export(run.root, "teacher-backbone", "timm", tmp_path / "export")
 
 
+def test_timms_transform_of_a_loaded_export_is_the_runs_eval_transform(run_dir, tmp_path):
+    """config.json was timm's vit_base_patch16_224 defaults (224 px, mean/std 0.5, crop_pct 0.9, tag augreg2) for a
+    16 px ViT trained with ImageNet's mean/std; model.safetensors was 0600; the card had no license."""
+    import io
+    import random
+
+    from PIL import Image
+    from timm.data import create_transform, resolve_data_config
+
+    from scale.data.views import EvalView, normalize
+
+    root, _ = run_dir
+    out = export(root, "teacher-backbone", "hf", tmp_path / "export", license="apache-2.0")
+    cfg = load_recipe("demo/dino_tiny")
+    model = timm.create_model(f"local-dir:{out}", pretrained=True)
+    data_cfg = resolve_data_config({}, model=model)
+    views = cfg.data.views
+    assert data_cfg["input_size"] == (3, views.eval_crop, views.eval_crop)
+    assert data_cfg["mean"] == pytest.approx(views.mean) and data_cfg["std"] == pytest.approx(views.std)
+    assert data_cfg["interpolation"] == "bicubic"
+    image = Image.fromarray(torch.randint(0, 256, (40, 40, 3), dtype=torch.uint8).numpy())
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    ours = EvalView(views)(png.getvalue(), random.Random(0))[0][0]
+    ours = normalize(ours[None], views.mean, views.std)[0]
+    theirs = create_transform(**data_cfg)(image)
+    assert theirs.shape == ours.shape and torch.allclose(theirs, ours.float(), atol=1e-5)
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in out.iterdir())
+    config = json.loads((out / "config.json").read_text())
+    assert (
+        config["pretrained_cfg"]["license"] == "apache-2.0" and "license: apache-2.0" in (out / "README.md").read_text()
+    )
+
+
 @pytest.mark.parametrize("run_dir", [["model.layer_scale=1e-5"]], indirect=True)
 def test_a_vit_with_layer_scale_exports_for_timm(run_dir, tmp_path):
     root, backbone = run_dir

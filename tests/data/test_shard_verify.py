@@ -14,9 +14,12 @@ from scale.errors import UserError
 from tests.data.helpers import make_imagefolder, tiny_cfg
 
 
-def test_verify_reports_corruption(tmp_path):
+def test_verify_reports_corruption(tmp_path, capsys):
     src = make_imagefolder(tmp_path / "src")
-    build_shards(imagefolder(src), tmp_path / "out", shard_size=10, progress=False)
+    build_shards(imagefolder(src), tmp_path / "out", shard_size=10, progress=True)
+    assert verify(tmp_path / "out", progress=True) == []
+    written = capsys.readouterr().err  # not a terminal: whole progress lines, no `\r` bar updates
+    assert "\r" not in written and "verify: " in written and "shards -> " in written
     path = tmp_path / "out" / "shard-000000.tar"
     data = bytearray(path.read_bytes())
     data[700:760] = b"\0" * 60  # inside the first JPEG

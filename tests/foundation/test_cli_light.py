@@ -100,3 +100,50 @@ def test_bench_table_parser_names_every_table():
     from scale.commands.bench import TABLE_NAMES
 
     assert sorted(TABLE_NAMES) == sorted(TABLES)
+
+
+def test_version_help_texts_and_defaults(capsys):
+    """No `scale --version`; `scale --help` opened with a note on where sub-commands live in the source; defaults
+    were not shown."""
+    import pytest
+
+    from scale.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    version = capsys.readouterr().out
+    assert version.startswith("scale 0.") and "(git " in version  # the tests run from a checkout
+    help_text = build_parser().format_help()
+    assert "scale/commands" not in help_text and "DINO" in help_text
+    submit = next(p for w, p in _parsers() if w == ("submit",)).format_help()
+    assert "(default: 120)" not in submit and "default 120" in submit  # said once, by the help itself
+    assert "nodes of the job (default: 1)" in " ".join(submit.split())
+    plan = next(p for w, p in _parsers() if w == ("plan",)).format_help()
+    assert "(default: 100.0)" in " ".join(plan.split())
+
+
+def _parsers():
+    from scale.cli import _command_parser
+
+    parser = build_parser()
+    return [(words, _command_parser(parser, list(words))) for words in command_parsers(parser)]
+
+
+def test_unknown_paper_or_table_exits_2_naming_the_known_ones(capsys):
+    from scale.cli import main
+
+    assert main(["recipes", "list", "--paper", "dinov2"]) == 2
+    assert "known: dino, drloc, esvit, mocov3" in capsys.readouterr().err
+    assert main(["recipes", "check", "--paper", "dino", "--table", "table99"]) == 2
+    assert "--table table99: no such table of dino; known: fig4" in capsys.readouterr().err
+
+
+def test_recipes_show_prints_only_the_sections_the_method_reads(capsys):
+    from scale.cli import main
+
+    assert main(["recipes", "show", "dino/table2/vit_s16"]) == 0
+    shown = capsys.readouterr().out
+    assert "\n  dino:\n" in shown and "\n  moco:\n" not in shown and "\n  drloc:\n" not in shown
+    assert main(["recipes", "show", "dino/table2/vit_s16", "--all"]) == 0
+    assert "\n  moco:\n" in capsys.readouterr().out

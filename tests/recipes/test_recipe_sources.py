@@ -30,11 +30,27 @@ def test_planted_wrong_value_fails_naming_key_value_and_source(tmp_path, monkeyp
     path = _row(tmp_path, "optim: {min_lr: 2.0e-6}\n")
     result = check_recipe(path)
     assert not result.ok
-    assert "optim.min_lr=2e-06 but main_dino.py --min_lr (default 1e-6)" in result.message
-    assert "states 1e-06" in result.message
+    # the row changes the base's sourced value without a source of its own: named with the row's file and line
+    assert f"optim.min_lr=2e-06 is set in {path}:3 without a source" in result.message
     monkeypatch.setenv("SCALE_RECIPES", str(tmp_path))
     assert main(["recipes", "check", "--paper", "dino"]) == 1
-    assert "FAIL dino/t/row: optim.min_lr=2e-06 but main_dino.py" in capsys.readouterr().out
+    assert "FAIL dino/t/row: optim.min_lr=2e-06 is set in" in capsys.readouterr().out
+
+
+def test_a_value_set_after_its_source_carries_its_own_origin(capsys):
+    """`recipes show dino/table2/vit_s16 optim.lr=0.001 --sources` said `0.001 | DINO Sec. 3.2: lr = 0.0005 ...`;
+    the demo recipe's own values showed the base's paper sources (15 of its 40), in the card and the trackers too."""
+    from scale.recipes.provenance import source_table
+
+    rows = {r["key"]: r for r in source_table(load_recipe("dino/table2/vit_s16", ["optim.lr=0.001"]))}
+    assert rows["optim.lr"]["value"] == 0.001 and rows["optim.lr"]["source"] == "set in command line"
+    assert rows["optim.lr"]["kind"] == "set" and not rows["optim.min_lr"]["source"].startswith("set in")
+    demo = load_recipe("demo/dino_tiny")
+    value, origin = demo.sources["optim.min_lr"]
+    where, line = origin.removeprefix("set in ").rsplit(":", 1)
+    assert value == demo.optim.min_lr and where.endswith("demo/dino_tiny.yaml")
+    assert "min_lr" in Path(where).read_text().splitlines()[int(line) - 1]
+    assert load_recipe("dino/table2/vit_s16").sources["optim.lr"][1].startswith("DINO")  # unchanged: kept
 
 
 def test_unsourced_value_fails(tmp_path):

@@ -79,7 +79,8 @@ def test_check_command_exits_1_listing_failures(tmp_path, monkeypatch, capsys):
     assert main(["recipes", "check", "--paper", "p"]) == 1
     out = capsys.readouterr().out
     assert "1 of 2 recipes pass" in out and "FAIL p/t/bad: " in out and "model.name='no_such_net'" in out
-    assert main(["recipes", "check", "--table", "nothing"]) == 0
+    assert main(["recipes", "check", "--table", "nothing"]) == 2  # an unknown filter names the known ones
+    assert "--table nothing: no such table; known: t" in capsys.readouterr().err
 
 
 def test_readme_lists_every_paper_recipe():

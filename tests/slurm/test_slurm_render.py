@@ -230,6 +230,7 @@ def test_quoting_the_tasks_get_exactly_the_recipe_overrides_and_run_dir(recipe, 
     call = srun_call(fake_slurm)
     assert call["argv"] == [
         "--kill-on-bad-exit=1",
+        "--cpus-per-task=5",  # data.workers 4 + 1 (scale.launch.slurm.resource_defaults)
         sys.executable,
         "-m",
         "scale.cli",
@@ -420,3 +421,19 @@ def test_continue_hint_is_a_shell_command_for_any_path(recipe, tmp_path, fake_sl
     assert out.returncode == PREEMPTED_EXIT_CODE
     hint = out.stderr.split("Continue it with: ", 1)[1].splitlines()[0]
     assert shlex.split(hint) == ["sbatch", str(script)]
+
+
+def test_a_gpu_job_asks_for_its_loaders_cpus_and_warns_of_what_slurm_decides_alone(recipe, tmp_path):
+    """The sbatch had no --cpus-per-task, --time or --mem unless given (Slurm's default: often one CPU per task,
+    for 4 loader workers per rank), and nothing checked that data.train exists."""
+    job = slurm.plan(str(recipe), ["data.workers=6"], tmp_path / "run", slurm.SlurmOptions(gpus_per_node=2))
+    text = slurm.render(job)
+    assert "#SBATCH --cpus-per-task=7\n" in text and "srun --kill-on-bad-exit=1 --cpus-per-task=7 " in text
+    summary = "\n".join(job.summary())
+    assert "warning: no --time" in summary and "warning: no --mem" in summary
+    assert "warning: data.train" in summary and "does not exist on this machine" in summary
+    (tmp_path / "shards").mkdir()
+    given = slurm.SlurmOptions(gpus_per_node=2, cpus_per_task=3, time="1:00:00", mem="64G")
+    data = [f"data.train={tmp_path / 'shards'}", f"data.val={tmp_path / 'shards'}"]
+    job = slurm.plan(str(recipe), data, tmp_path / "run", given)
+    assert "#SBATCH --cpus-per-task=3\n" in slurm.render(job) and not [n for n in job.summary() if "warning" in n]

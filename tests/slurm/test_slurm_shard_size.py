@@ -28,7 +28,7 @@ def test_multi_node_fsdp2_shards_within_a_node(recipe, tmp_path):
     job = gpu_job(recipe, tmp_path)
     assert job.tasks[0].overrides == ["engine.shard_size=8"]
     assert "OVERRIDES=(engine.shard_size=8)" in slurm.render(job)
-    assert job.summary() == ["32 ranks, engine.shard_size=8 (GPUs per node): 4 replica(s) x 8 shard(s)"]
+    assert job.summary()[0] == "32 ranks, engine.shard_size=8 (GPUs per node): 4 replica(s) x 8 shard(s)"
 
 
 @pytest.mark.parametrize(

@@ -66,6 +66,19 @@ def test_total_steps_from_epochs_when_no_max_steps(tmp_path, no_slurm):
     assert run_status(run).total_steps == 30
 
 
+def test_an_epoch_mode_run_has_an_eta(tmp_path, no_slurm):
+    """Recipes leave samples_per_epoch null (the epoch is the dataset): status showed no ETA."""
+    run = write_run(tmp_path / "run", [(s, 1000.0 + s) for s in range(1, 21)], max_steps=None)  # 10 steps/epoch
+    status = run_status(run)
+    assert status.total_steps == 1000 and status.eta_s == pytest.approx(980.0)
+
+
+def test_status_of_a_folder_that_is_not_a_run_exits_2(tmp_path, no_slurm, capsys):
+    (tmp_path / "photos").mkdir()
+    assert cli(["status", str(tmp_path / "photos")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
 def test_empty_or_unknown_run_directory_gives_empty_fields(tmp_path, no_slurm):
     (tmp_path / "run").mkdir()
     status = run_status(tmp_path / "run")

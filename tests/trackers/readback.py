@@ -53,11 +53,11 @@ def wandb_attempts(root: Path) -> list[dict]:
     return attempts
 
 
-def mlflow_runs(root: Path) -> tuple:
-    """The MLflow client of the run's file store and its runs."""
+def mlflow_runs(root: Path, store: Path | None = None) -> tuple:
+    """The MLflow client of the run's file store (or of `store`) and its runs."""
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=(root / "mlruns").resolve().as_uri())
+    client = MlflowClient(tracking_uri=(store or root / "mlruns").resolve().as_uri())
     experiments = [e.experiment_id for e in client.search_experiments()]
     return client, client.search_runs(experiments)

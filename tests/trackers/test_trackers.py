@@ -30,7 +30,7 @@ def attempt(cfg, root, steps) -> None:
     trackers = Trackers(cfg, root, enabled=True)
     for step in steps:
         trackers.log(step, {"loss": 1.0 / step, "epoch": step / 10, "flag": True, "note": "text"})
-    trackers.close()
+    trackers.close(timeout=300)  # read back at once: every tracker done (the bound itself: its own test below)
 
 
 def tensorboard_steps(root) -> list[int]:
@@ -111,6 +111,12 @@ def test_a_preempted_and_resumed_training_is_one_tracker_run(embedded_data, tmp_
     overrides = [*TINY, *ALL[:2], "train.max_steps=6", "train.preempt_check_every=1"]
     first = run_train(embedded_data, tmp_path, overrides, fault=faults.spec("preempt", 3))
     assert first.returncode == PREEMPTED_EXIT_CODE, first.stderr[-3000:]
+    # the checkpoint is sealed (`latest` moved, last) before the trackers close: a kill after the grace keeps it
+    sealed_ms = (tmp_path / "checkpoints" / "latest").stat().st_mtime * 1000
+    _, (run,) = mlflow_runs(tmp_path)
+    assert run.info.status == "FINISHED" and run.info.end_time >= sealed_ms - 1
+    (wandb_log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    assert wandb_log.stat().st_mtime * 1000 >= sealed_ms - 1
     resumed = run_train(embedded_data, tmp_path, overrides)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
@@ -196,3 +202,67 @@ def test_a_writer_thread_that_dies_of_a_full_disk_logs_one_line_not_a_traceback(
     bug = ValueError("a bug")
     dies_of(bug)  # anything else: Python's own report, traceback and all
     assert reported == [bug]
+
+
+@pytest.mark.slow  # W&B starts its service process
+def test_trackers_honour_their_libraries_environment_and_recipe_keys_override_it(tmp_path, monkeypatch):
+    """With MLFLOW_TRACKING_URI set, runs went to <run>/mlruns; W&B's files went to the run directory whatever
+    WANDB_DIR said. Now: recipe key, else the library's variable, else scale's default."""
+    from scale.trackers.sink import setting
+    from tests.trackers.readback import wandb_records
+
+    lab = tmp_path / "lab_store"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", lab.resolve().as_uri())
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "lab-experiment")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_home"))
+    monkeypatch.setenv("WANDB_PROJECT", "lab-project")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    (tmp_path / "wandb_home").mkdir()
+    root = tmp_path / "run"
+    RunDir(root).create()
+    # online unless WANDB_MODE says; the demo recipe names its project: cleared, so that the variables apply
+    cfg = load_recipe("demo/dino_tiny", ["train.trackers=[wandb,mlflow]", "train.tracker.project=''"])
+    attempt(cfg, root, [1, 2])
+
+    assert not (root / "mlruns").exists() and not (root / "wandb").exists()
+    client, runs = mlflow_runs(root, lab)
+    assert len(runs) == 1 and client.get_experiment(runs[0].info.experiment_id).name == "lab-experiment"
+    (attempt_dir,) = (tmp_path / "wandb_home" / "wandb").glob("offline-run-*")
+    projects = {r.run.project for log in attempt_dir.glob("run-*.wandb") for r in wandb_records(log) if r.run.run_id}
+    assert projects == {"lab-project"}
+
+    # a recipe key wins over the variable; an unset key and no variable: scale's default
+    assert setting("mine", "WANDB_PROJECT", "dino") == "mine"
+    monkeypatch.delenv("WANDB_PROJECT")
+    assert setting("", "WANDB_PROJECT", "dino") == "dino"
+    cfg = load_recipe("demo/dino_tiny", ["train.trackers=[mlflow]", "train.tracker.project=mine"])
+    other = tmp_path / "run2"
+    RunDir(other).create()
+    attempt(cfg, other, [1])
+    client, runs = mlflow_runs(root, lab)
+    assert {client.get_experiment(r.info.experiment_id).name for r in runs} == {"lab-experiment", "mine"}
+
+
+def test_closing_trackers_is_bounded_and_names_a_tracker_that_hangs(tmp_path, caplog):
+    """A preempted job has Slurm's KillWait (30 s) from the signal to SIGKILL: W&B and MLflow took 47 s to shut
+    down after the checkpoint. Close waits at most its timeout and names what it left running."""
+    import threading
+
+    cfg = recipe(["train.trackers=[tensorboard]"])
+    RunDir(tmp_path).create()
+    trackers = Trackers(cfg, tmp_path, enabled=True)
+    release, closed = threading.Event(), []
+
+    class Hanging:
+        def close(self):
+            release.wait(60)  # an upload to a server that does not answer
+
+    class Quick:
+        def close(self):
+            closed.append(True)
+
+    trackers.sinks = {"wandb": Hanging(), "tensorboard": Quick()}
+    trackers.close(timeout=0.5)
+    assert closed == [True] and not release.is_set()  # returned while the hanging close still waits
+    assert "trackers: wandb did not close within" in caplog.text
+    release.set()

@@ -10,9 +10,9 @@ import torch
 
 from scale.config import load_recipe
 from scale.launch.status import run_status, summary_row
-from scale.loop.progress import progress_bar
 from scale.loop.step import TrainStep, read_record
 from scale.loop.train import train_loader
+from scale.progress import progress_bar
 from scale.watch.heartbeat import Heartbeat, read_heartbeat
 from tests.watch.test_collapse import TINY
 

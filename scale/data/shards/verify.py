@@ -3,12 +3,11 @@ images)."""
 
 from pathlib import Path
 
-from tqdm import tqdm
-
 from scale.data.shards.jpeg import BadImage, prepare_jpeg
 from scale.data.shards.layout import MANIFEST, scan_tar, sha256_file
 from scale.data.shards.read import read_index, read_manifest
 from scale.errors import UserError
+from scale.progress import progress_bar
 
 
 def verify(shard_dir, decode: bool = True, progress: bool = False) -> list[str]:
@@ -18,7 +17,8 @@ def verify(shard_dir, decode: bool = True, progress: bool = False) -> list[str]:
     problems = []
     total = 0
     needs_label = {"single": "cls", "multi": "labels"}.get(manifest["label_kind"])
-    for shard in tqdm(manifest["shards"], unit="shard", disable=not progress):
+    shards = manifest["shards"]
+    for shard in progress_bar(len(shards), enabled=progress, desc="verify", iterable=shards, unit="shard"):
         path = shard_dir / shard["name"]
         if shard.get("sha256") and sha256_file(path) != shard["sha256"]:
             problems.append(f"{path}: sha256 differs from the manifest")

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
-from tqdm import tqdm
-
 from scale.data.dali.index import write_dali_indexes
 from scale.data.shards.jpeg import BadImage, prepare_jpeg
 from scale.data.shards.layout import (
@@ -30,6 +28,7 @@ from scale.data.shards.layout import (
     shard_name,
 )
 from scale.errors import UserError
+from scale.progress import progress_bar
 
 TAR_MTIME = 0  # fixed member mtime: the same items and options give byte-identical shards
 
@@ -168,7 +167,7 @@ def build_shards(
         for n, start in enumerate(range(0, len(items), shard_size))
     ]
     records = []
-    bar = tqdm(total=len(items), unit="img", desc=f"shards -> {out_dir}", disable=not progress)
+    bar = progress_bar(len(items), enabled=progress, desc=f"shards -> {out_dir}", unit="img")
     if workers > 1:
         with get_context("spawn").Pool(workers) as pool:
             for job, record in zip(jobs, pool.imap(_write_shard, jobs)):

@@ -1,0 +1,78 @@
+"""Measured device rows (scale/bench/measured.yaml): what the device check measured on real GPUs, by card and bench
+setting, and the planner's calibration from them.
+
+Each row: {date, card, torch, commit, setting: {recipe, engine, batch_per_gpu, precision, compile,
+activation_checkpointing, crops}, images_per_s, step_s, flops_per_image, mfu_datasheet, mfu_measured_peak,
+peak_memory_gib, source} (the shape tools/device-check emits). The planner takes the MFU of the rows of the same card
+and model family (the recipe itself, else its method and backbone, else its method), so that its predicted step time
+is the measured one where a row exists, and says which rows it used."""
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from scale.bench.flops import card_key
+from scale.errors import UserError
+
+MEASURED = Path(__file__).with_name("measured.yaml")
+ROW_KEYS = ("date", "card", "setting", "images_per_s", "step_s", "flops_per_image", "mfu_datasheet", "source")
+SETTING_KEYS = ("recipe", "engine", "batch_per_gpu", "precision", "compile", "activation_checkpointing")
+DEFAULT_MFU = 0.4  # without a measured row: a well-tuned large-model step (torchtitan's reports), stated as such
+
+
+def load_rows(path: Path = MEASURED) -> list[dict]:
+    """The rows of `path`, each checked for the keys the planner reads (UserError naming the file and row)."""
+    try:
+        rows = yaml.safe_load(path.read_text()) or []
+    except (OSError, yaml.YAMLError) as err:
+        raise UserError(f"{path}: cannot read the measured rows: {err}") from None
+    if not isinstance(rows, list):
+        raise UserError(f"{path}: expected a YAML list of measured rows")
+    for index, row in enumerate(rows):
+        missing = [k for k in ROW_KEYS if not isinstance(row, dict) or k not in row]
+        missing += [f"setting.{k}" for k in SETTING_KEYS if not missing and k not in (row["setting"] or {})]
+        if missing:
+            raise UserError(f"{path}: row {index}: missing {', '.join(missing)}")
+    return rows
+
+
+def family(cfg) -> tuple[str, str]:
+    """A recipe's model family: (method kind, backbone name)."""
+    return str(cfg.method.kind), str(cfg.model.name)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    mfu: float  # model FLOPs / step time / datasheet peak, as the rows measure it
+    ac: str  # the activation checkpointing of the rows (their step time includes its recomputation)
+    note: str  # which assumption: the rows used, or the default
+
+
+def calibrate(
+    rows: list[dict], card: str, recipe: str, fam: tuple[str, str], precision: str, compile: bool, family_of
+) -> Calibration:
+    """The MFU of the rows of this card (`card`: scale.bench.flops.card_key of the planned GPU) and precision
+    that are closest to the recipe: the recipe itself, else its method and backbone, else its method; among those,
+    the rows with the same compile setting if any; their median. `family_of(recipe name)`: a row's family."""
+    same_card = [r for r in rows if card_key(r["card"]) == card and r["setting"]["precision"] == precision]
+    levels = (
+        ("the recipe", lambda r: r["setting"]["recipe"] == recipe),
+        (f"{fam[0]} {fam[1]}", lambda r: family_of(r["setting"]["recipe"]) == fam),
+        (f"{fam[0]}", lambda r: family_of(r["setting"]["recipe"])[0] == fam[0]),
+    )
+    for what, match in levels:
+        chosen = [r for r in same_card if match(r)]
+        chosen = [r for r in chosen if bool(r["setting"]["compile"]) == compile] or chosen
+        if chosen:
+            mfu = statistics.median(float(r["mfu_datasheet"]) for r in chosen)
+            acs = [r["setting"]["activation_checkpointing"] for r in chosen]
+            ac = max(set(acs), key=acs.count)
+            names = sorted({f"{r['setting']['recipe']} {r['date']}" for r in chosen})
+            note = (
+                f"MFU {mfu:.1%} measured ({what}: {len(chosen)} row(s) on {chosen[0]['card']}: {', '.join(names)}; "
+                f"scale/bench/measured.yaml)"
+            )
+            return Calibration(mfu, ac, note)
+    return Calibration(DEFAULT_MFU, "none", f"MFU {DEFAULT_MFU:.0%} assumed (no measured row for this card and model)")
