@@ -31,7 +31,7 @@ tests/bench/test_plan_network.py checks DDP, FSDP2 and HSDP against the collecti
 from dataclasses import dataclass, field, replace
 
 from scale.bench.flops import step_flops
-from scale.bench.layout import Setting
+from scale.launch.layout import Setting
 from scale.bench.trace import StepTrace
 from scale.engine.kinds import SETTINGS
 from scale.errors import UserError
@@ -251,7 +251,7 @@ def plan(
 ) -> tuple[list[Prediction], Prediction | None]:
     """Predictions of every engine with the recipe's checkpointing, micro-batch and accumulation (without a
     recipe: the full micro-batch, no checkpointing), and a proposal that fits in HEADROOM x gpu_mem.
-    `recipe`: the setting the recipe runs with on this layout (scale.bench.layout.launch_setting, what `scale submit`
+    `recipe`: the setting the recipe runs with on this layout (scale.launch.layout.launch_setting, what `scale submit`
     launches). The proposal is the recipe's own setting when it fits; else the fastest fitting setting of its engine
     (checkpointing, micro-batch, accumulation); only when none of those fits, the fastest fitting setting of any
     engine. Without `recipe`: the fastest fitting setting of any engine."""

@@ -1,6 +1,6 @@
 """scale plan RECIPE [overrides] (--gpus N | --nodes N --gpus-per-node G) [--gpu NAME | --gpu-mem GB]
 [--gpu-tflops T] [--mfu F]: first the recipe exactly as `scale submit` launches it (engine, shard size, activation
-checkpointing, micro-batch, accumulation, precision, compile: scale.bench.layout.launch_setting, the one function both
+checkpointing, micro-batch, accumulation, precision, compile: scale.launch.layout.launch_setting, the one function both
 use) and whether it fits; then per-GPU memory, the bytes each GPU sends per step inside its node and across nodes,
 and step time of each engine (DDP, FSDP2, HSDP, ZeRO-1/2/3); then a setting that fits. Step time is calibrated from
 the measured device rows (scale/bench/measured.yaml) of the same card and model family; the line says which."""
@@ -98,7 +98,7 @@ class Judgement:
     prints as its verdict."""
 
     trace: object  # scale.bench.trace.StepTrace
-    setting: object  # scale.bench.layout.Setting
+    setting: object  # scale.launch.layout.Setting
     own: object  # scale.bench.plan.Prediction of `setting`
     common: tuple  # the arguments plan() and predict() share after (trace, setting / per-GPU batch)
     per_gpu: int
@@ -129,7 +129,7 @@ class Judgement:
 
 
 def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int, args) -> Judgement:
-    """Predict the recipe's own setting (scale.bench.layout.launch_setting) on nodes x gpus_per_node GPUs."""
+    """Predict the recipe's own setting (scale.launch.layout.launch_setting) on nodes x gpus_per_node GPUs."""
     from scale.config import load_recipe
     from scale.errors import UserError
 
@@ -142,7 +142,7 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
     if args.bandwidth <= 0 or args.inter_bandwidth <= 0:
         raise UserError("--gpu-mem, --bandwidth and --inter-bandwidth must be positive and --mfu in (0, 1]")
     from scale.bench.flops import card_key, table_peak
-    from scale.bench.layout import launch_setting
+    from scale.launch.layout import launch_setting
     from scale.bench.measured import calibrate, family, load_rows
     from scale.bench.plan import hardware_mfu, predict
     from scale.bench.trace import trace_step
@@ -169,12 +169,13 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
 
 
 def cmd_plan(args) -> int:
-    from scale.bench.plan import format_plan, plan
     from scale.config import load_recipe
 
     cfg = load_recipe(args.recipe, args.overrides)
     world, gpus_per_node = layout(args)
     j = judge(cfg, args.recipe, args.overrides, world // gpus_per_node, gpus_per_node, args)
+    from scale.bench.plan import format_plan, plan
+
     inter = args.inter_bandwidth * 1e9
     table, best = plan(j.trace, j.per_gpu, *j.common, gpus_per_node, inter, recipe=j.setting)
     _, fastest = plan(j.trace, j.per_gpu, *j.common, gpus_per_node, inter)

@@ -235,8 +235,8 @@ def _check_run_dir(run_dir: Path) -> None:
 
 def shard_within_nodes(task: Task, cfg, options: SlurmOptions) -> Task:
     """A multi-node task of an engine that shards parameters shards them within a node unless told otherwise
-    (scale.bench.layout.launch_setting: the one function `scale plan` judges the run with too)."""
-    from scale.bench.layout import launch_setting, overrides_key
+    (scale.launch.layout.launch_setting: the one function `scale plan` judges the run with too)."""
+    from scale.launch.layout import launch_setting, overrides_key
 
     task.shard_size = int(cfg.engine.shard_size)
     if overrides_key(task.overrides, "engine.shard_size"):

@@ -1,6 +1,6 @@
 """`scale plan` and `scale submit` give one answer: the planner proposes the recipe's engine laid out as submit lays
 it out (scale.engine.kinds.recipe_setting), and takes the GPU's memory from --gpu-mem, a named model or a default;
-plan judges the recipe as submit launches it (scale.bench.layout.launch_setting, one function for both), submit prints
+plan judges the recipe as submit launches it (scale.launch.layout.launch_setting, one function for both), submit prints
 that verdict and refuses a job that does not fit; the step time is calibrated from the measured device rows
 (scale/bench/measured.yaml)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from scale.bench.layout import launch_setting
+from scale.launch.layout import launch_setting
 from scale.bench.measured import load_rows
 from scale.cli import main
 from scale.config import load_recipe

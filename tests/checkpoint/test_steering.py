@@ -169,7 +169,7 @@ def test_noted_fields_change_and_are_reported():
     changed = load_recipe("demo/dino_tiny", ["data.views.n_local=[4]", "train.epochs=90", "optim.lr=0.001"])
     notes = check_compatible(saved, changed, "runs/x")
     assert notes == ["data.views.n_local: [0] -> [4]", "train.epochs: 60 -> 90"]
-    assert {"data.views.n_local", "data.train", "train.epochs"} == set(keys_with(NOTED))
+    assert {"data.views.n_local", "data.train", "data.repeated_aug", "train.epochs"} == set(keys_with(NOTED))
 
 
 def test_ckpt_info_lists_every_checkpoint_with_step_time_and_whether_it_loads(tmp_path, capsys):
