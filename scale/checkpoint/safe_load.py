@@ -8,11 +8,15 @@
 `check_files` reads a checkpoint's files this way before anything else does (DeepSpeed loads its files with
 weights_only=False): every file on disk, whatever meta.json lists (DeepSpeed opens the files it finds, and a
 `universal/` folder beside them), then the checksums recorded at seal time. A file that would run code raises
-UnsafeCheckpoint (exit 2); a damaged or changed one is reported.
+UnsafeCheckpoint (exit 2); a damaged or changed one is reported. A symbolic link anywhere in a step directory is
+refused the same way: a walk that checks files does not enter linked folders, yet DeepSpeed's loads and its universal
+conversion open whatever a link points to (an `engine/universal` link skips the conversion and loads the folder it
+names), and scale never writes a link there.
 """
 
 import io
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -186,6 +190,24 @@ def check_file(folder: Path, name: str) -> None:
         load_torch(path)
 
 
+def first_link(folder: Path) -> Path | None:
+    """The first symbolic link (to a file or a folder, absolute or relative) in `folder`, or None; the walk never
+    enters a linked folder, so every link is seen before anything reads through it."""
+    for parent, dirs, files in os.walk(folder):  # followlinks=False: a linked folder is listed, never entered
+        for name in sorted(dirs + files):
+            if (Path(parent) / name).is_symlink():
+                return Path(parent) / name
+    return None
+
+
+def refused_link(link: Path) -> UnsafeCheckpoint:
+    return UnsafeCheckpoint(
+        f"{link}: refused to load: a symbolic link (to {os.readlink(link)}) inside a checkpoint, which scale never "
+        "writes; a loader would read what it points to unchecked. Replace it by the files themselves, or remove "
+        "the checkpoint"
+    )
+
+
 def files_on_disk(folder: Path) -> list[str]:
     names = (str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != "meta.json")
     return [name for name in names if not name.startswith(PARTIAL_CONVERSION)]
@@ -196,6 +218,11 @@ def check_files(folder: Path, rank: int = 0, world_size: int = 1, verify: bool =
     as data, then (`verify`) checked against their checksums. Every file there counts, listed in meta.json or not
     (but for what a killed universal conversion left, which is never read). Returns why the checkpoint cannot be
     loaded, or None; raises UnsafeCheckpoint."""
+    link = first_link(folder)
+    if link is not None:  # every rank finds it, none reads through it; rank 0 says it, once
+        if rank == 0:
+            raise refused_link(link)
+        return f"{link}: a symbolic link"
     try:
         meta = json.loads((folder / "meta.json").read_text())
         listed = meta["files"]
