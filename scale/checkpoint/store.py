@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from scale.checkpoint.checksum import checksums
+from scale.nofollow import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, text, fsync=True)
 
 
 def file_sizes(folder: Path) -> dict[str, int]:
