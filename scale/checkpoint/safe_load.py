@@ -18,6 +18,7 @@ import io
 import json
 import os
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -103,6 +104,47 @@ def read_dcp_metadata(path: Path) -> Metadata:
     return metadata
 
 
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+_TORCH_REASON = re.compile(r"WeightsUnpickler error: ([^\n]*?)(?: Please use|$)", re.M)
+
+
+def refusal(path, err: Exception) -> str:
+    """Why a pickle a user handed us was not loaded, in scale's words: the file, the first thing it names that is
+    not data, and a safe way on. Never torch's own text, which advises loading it with weights_only=False: the one
+    thing not to do with a file from elsewhere."""
+    named = _GLOBAL.search(str(err))
+    what = (
+        f"it names {named.group(1)}, code that loading it would run" if named else "it holds objects that are not data"
+    )
+    return (
+        f"{path}: refused to load: {what}; nothing was run. Where you trust the file, re-save its tensors as "
+        "safetensors (safetensors.torch.save_file) or as a plain state dict (torch.save(model.state_dict(), ...)) "
+        "and use that file"
+    )
+
+
+def torch_reason(err: Exception) -> str:
+    """The reason in a torch.load error, without torch's advice to retry with weights_only=False."""
+    text = str(err)
+    found = _TORCH_REASON.search(text)
+    if found:
+        return found.group(1).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    kept = [line for line in lines if "weights_only" not in line and not line.startswith("Weights only load failed")]
+    return (kept or [type(err).__name__])[0][:200]
+
+
+def why_not_loaded(path, err: Exception, what: str) -> str:
+    """One line for a torch.load of a user's file that failed: the refusal of a pickle that names code, else
+    `what` it is not, with torch's reason."""
+    cause = err
+    while cause is not None and not isinstance(cause, pickle.UnpicklingError):  # timm wraps torch's in its own
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None and _GLOBAL.search(str(cause)):
+        return refusal(path, cause)
+    return f"{path}: {what} ({type(err).__name__}: {torch_reason(err)})"
+
+
 def load_torch(path: Path | io.BytesIO, name: str | Path | None = None, map_location="cpu", mmap: bool = False):
     """torch.load with weights_only (DeepSpeed's types allowed where a file names them): UnsafeCheckpoint when
     the file names other code, DamagedFile when it is not a torch file. `mmap` (a file path): the tensors map the
@@ -121,14 +163,10 @@ def load_torch(path: Path | io.BytesIO, name: str | Path | None = None, map_loca
                 return torch.load(path, **kw)
     except pickle.UnpicklingError as err:
         if "GLOBAL" in str(err):  # a named function or class that is not allowed, e.g. os.system
-            raise UnsafeCheckpoint(f"{name}: refused to load: it holds objects that are not checkpoint data") from None
-        raise DamagedFile(f"{name}: unreadable ({_first_line(err)})") from None
+            raise UnsafeCheckpoint(refusal(name, err)) from None
+        raise DamagedFile(f"{name}: unreadable ({torch_reason(err)})") from None
     except Exception as err:
-        raise DamagedFile(f"{name}: unreadable ({type(err).__name__}: {_first_line(err)})") from None
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [""])[0][:200]
+        raise DamagedFile(f"{name}: unreadable ({type(err).__name__}: {torch_reason(err)})") from None
 
 
 class SafeReader(FileSystemReader):
