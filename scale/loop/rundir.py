@@ -29,22 +29,19 @@ class RunDir:
             folder.mkdir(parents=True, exist_ok=True)
         return self
 
-    def written(self) -> list[Path]:
-        """The folders and files scale writes in this run directory (each under the name its writer defines)."""
-        from scale.checkpoint.steering import RECORD
+    def written_in_place(self) -> list[Path]:
+        """The files scale opens in this run directory to write into (the lock, appended logs). The ones it rewrites
+        (config.yaml, checkpoints/latest, trackers.json...) replace whatever stands at their name, a link included,
+        and a linked folder (checkpoints/ on another file system) is the user's own choice."""
         from scale.loop.runlock import LOCK_FILE
-        from scale.trackers import STATE_FILE
-        from scale.watch.heartbeat import FILE as HEARTBEAT
 
-        files = [LOCK_FILE, self.config.name, self.metrics.name, STATE_FILE, HEARTBEAT]
-        checkpoints = [self.checkpoints / name for name in ("latest", "saves.jsonl", RECORD)]
-        ranks = sorted(self.logs.glob("rank*.log")) if self.logs.is_dir() and not self.logs.is_symlink() else []
-        return [self.checkpoints, self.logs, self.tensorboard, *(self.root / f for f in files), *checkpoints, *ranks]
+        ranks = sorted(self.logs.glob("rank*.log")) if self.logs.is_dir() else []
+        return [self.root / LOCK_FILE, self.metrics, self.checkpoints / "saves.jsonl", *ranks]
 
     def check_writable(self) -> None:
         """Refuse links where scale writes (scale.nofollow), create the folders and write a probe file, so that a
         run directory that cannot be written fails with one message before any process is spawned."""
-        refuse_links(self.written())
+        refuse_links(self.written_in_place())
         try:
             self.create()
             probe = self.root / f".write-probe-{os.getpid()}"
