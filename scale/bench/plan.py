@@ -31,10 +31,10 @@ tests/bench/test_plan_network.py checks DDP, FSDP2 and HSDP against the collecti
 from dataclasses import dataclass, field, replace
 
 from scale.bench.flops import step_flops
-from scale.launch.layout import Setting
 from scale.bench.trace import StepTrace
 from scale.engine.kinds import SETTINGS
 from scale.errors import UserError
+from scale.launch.layout import Setting
 
 ENGINES = (*SETTINGS, "hsdp")  # the engine kinds' settings, plus HSDP (fsdp2 on a replicate x shard mesh)
 SHARDED_WEIGHTS = ("fsdp2", "hsdp", "zero3")

@@ -37,6 +37,7 @@ from scale.engine import rollback
 from scale.engine.parallel import ParallelContext
 from scale.errors import UserError, os_error
 from scale.faults import maybe_fill_disk, maybe_inject
+from scale.nofollow import open_text
 
 log = logging.getLogger(__name__)
 MONITORS_FILE = "monitors.pt"
@@ -236,7 +237,7 @@ class Checkpointer:
             "stall_s": stall_s,
             "async": bool(self.cfg.train.async_save),
         }
-        with open(self.store.root / "saves.jsonl", "a") as f:
+        with open_text(self.store.root / "saves.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:

@@ -12,13 +12,13 @@ containers): no file runs code.
 """
 
 import argparse
-import pickle
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from scale.checkpoint.safe_load import why_not_loaded
 from scale.errors import UserError
 
 WHAT = ("backbone", "student", "teacher", "all")
@@ -59,13 +59,8 @@ def read_file(path: str | Path) -> dict:
             return load_file(str(path), device="cpu")
         with torch.serialization.safe_globals(SAFE_TYPES):
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise UserError(
-            f"{path}: refused to load: it holds objects that are not weights ({str(err).splitlines()[0][:200]}); "
-            "re-save its state dict with torch.save(checkpoint['model'], ...) where you trust the file"
-        ) from None
     except Exception as err:  # safetensors and torch raise many types for a bad file
-        raise UserError(f"{path}: cannot read weights ({type(err).__name__}: {err})") from None
+        raise UserError(why_not_loaded(path, err, "cannot read weights")) from None
     if not isinstance(state, dict):
         raise UserError(f"{path}: expected a state dict or a checkpoint dict, found a {type(state).__name__}")
     return state

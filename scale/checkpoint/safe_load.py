@@ -8,12 +8,17 @@
 `check_files` reads a checkpoint's files this way before anything else does (DeepSpeed loads its files with
 weights_only=False): every file on disk, whatever meta.json lists (DeepSpeed opens the files it finds, and a
 `universal/` folder beside them), then the checksums recorded at seal time. A file that would run code raises
-UnsafeCheckpoint (exit 2); a damaged or changed one is reported.
+UnsafeCheckpoint (exit 2); a damaged or changed one is reported. A symbolic link anywhere in a step directory is
+refused the same way: a walk that checks files does not enter linked folders, yet DeepSpeed's loads and its universal
+conversion open whatever a link points to (an `engine/universal` link skips the conversion and loads the folder it
+names), and scale never writes a link there.
 """
 
 import io
 import json
+import os
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -99,6 +104,47 @@ def read_dcp_metadata(path: Path) -> Metadata:
     return metadata
 
 
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+_TORCH_REASON = re.compile(r"WeightsUnpickler error: ([^\n]*?)(?: Please use|$)", re.M)
+
+
+def refusal(path, err: Exception) -> str:
+    """Why a pickle a user handed us was not loaded, in scale's words: the file, the first thing it names that is
+    not data, and a safe way on. Never torch's own text, which advises loading it with weights_only=False: the one
+    thing not to do with a file from elsewhere."""
+    named = _GLOBAL.search(str(err))
+    what = (
+        f"it names {named.group(1)}, code that loading it would run" if named else "it holds objects that are not data"
+    )
+    return (
+        f"{path}: refused to load: {what}; nothing was run. Where you trust the file, re-save its tensors as "
+        "safetensors (safetensors.torch.save_file) or as a plain state dict (torch.save(model.state_dict(), ...)) "
+        "and use that file"
+    )
+
+
+def torch_reason(err: Exception) -> str:
+    """The reason in a torch.load error, without torch's advice to retry with weights_only=False."""
+    text = str(err)
+    found = _TORCH_REASON.search(text)
+    if found:
+        return found.group(1).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    kept = [line for line in lines if "weights_only" not in line and not line.startswith("Weights only load failed")]
+    return (kept or [type(err).__name__])[0][:200]
+
+
+def why_not_loaded(path, err: Exception, what: str) -> str:
+    """One line for a torch.load of a user's file that failed: the refusal of a pickle that names code, else
+    `what` it is not, with torch's reason."""
+    cause = err
+    while cause is not None and not isinstance(cause, pickle.UnpicklingError):  # timm wraps torch's in its own
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None and _GLOBAL.search(str(cause)):
+        return refusal(path, cause)
+    return f"{path}: {what} ({type(err).__name__}: {torch_reason(err)})"
+
+
 def load_torch(path: Path | io.BytesIO, name: str | Path | None = None, map_location="cpu", mmap: bool = False):
     """torch.load with weights_only (DeepSpeed's types allowed where a file names them): UnsafeCheckpoint when
     the file names other code, DamagedFile when it is not a torch file. `mmap` (a file path): the tensors map the
@@ -117,14 +163,10 @@ def load_torch(path: Path | io.BytesIO, name: str | Path | None = None, map_loca
                 return torch.load(path, **kw)
     except pickle.UnpicklingError as err:
         if "GLOBAL" in str(err):  # a named function or class that is not allowed, e.g. os.system
-            raise UnsafeCheckpoint(f"{name}: refused to load: it holds objects that are not checkpoint data") from None
-        raise DamagedFile(f"{name}: unreadable ({_first_line(err)})") from None
+            raise UnsafeCheckpoint(refusal(name, err)) from None
+        raise DamagedFile(f"{name}: unreadable ({torch_reason(err)})") from None
     except Exception as err:
-        raise DamagedFile(f"{name}: unreadable ({type(err).__name__}: {_first_line(err)})") from None
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [""])[0][:200]
+        raise DamagedFile(f"{name}: unreadable ({type(err).__name__}: {torch_reason(err)})") from None
 
 
 class SafeReader(FileSystemReader):
@@ -186,6 +228,24 @@ def check_file(folder: Path, name: str) -> None:
         load_torch(path)
 
 
+def first_link(folder: Path) -> Path | None:
+    """The first symbolic link (to a file or a folder, absolute or relative) in `folder`, or None; the walk never
+    enters a linked folder, so every link is seen before anything reads through it."""
+    for parent, dirs, files in os.walk(folder):  # followlinks=False: a linked folder is listed, never entered
+        for name in sorted(dirs + files):
+            if (Path(parent) / name).is_symlink():
+                return Path(parent) / name
+    return None
+
+
+def refused_link(link: Path) -> UnsafeCheckpoint:
+    return UnsafeCheckpoint(
+        f"{link}: refused to load: a symbolic link (to {os.readlink(link)}) inside a checkpoint, which scale never "
+        "writes; a loader would read what it points to unchecked. Replace it by the files themselves, or remove "
+        "the checkpoint"
+    )
+
+
 def files_on_disk(folder: Path) -> list[str]:
     names = (str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != "meta.json")
     return [name for name in names if not name.startswith(PARTIAL_CONVERSION)]
@@ -196,6 +256,11 @@ def check_files(folder: Path, rank: int = 0, world_size: int = 1, verify: bool =
     as data, then (`verify`) checked against their checksums. Every file there counts, listed in meta.json or not
     (but for what a killed universal conversion left, which is never read). Returns why the checkpoint cannot be
     loaded, or None; raises UnsafeCheckpoint."""
+    link = first_link(folder)
+    if link is not None:  # every rank finds it, none reads through it; rank 0 says it, once
+        if rank == 0:
+            raise refused_link(link)
+        return f"{link}: a symbolic link"
     try:
         meta = json.loads((folder / "meta.json").read_text())
         listed = meta["files"]

@@ -172,3 +172,33 @@ def write_timm(
     for path in out.iterdir():
         path.chmod(FILE_MODE)
     return out
+
+
+class ExportUnreadable(UserError):
+    """A folder that hubconf.py's `backbone` entry point cannot load: the message names the file."""
+
+
+def load_exported(path, **kwargs):
+    """The backbone of an exported folder (torch.hub's `backbone` entry point), built by timm from config.json and
+    loaded strictly; a folder it cannot load raises ExportUnreadable naming the file and why, never torch's or
+    json's own errors (nor torch's advice to load a refused pickle with weights_only=False)."""
+    import timm
+
+    from scale.checkpoint.safe_load import why_not_loaded
+
+    folder = Path(path)
+    config = folder / "config.json"
+    try:
+        parsed = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        reason = err.strerror if isinstance(err, OSError) else f"{type(err).__name__}: {err}"
+        raise ExportUnreadable(f"{config}: not the config.json of an exported folder ({reason})") from None
+    if not isinstance(parsed, dict):
+        raise ExportUnreadable(f"{config}: a JSON {type(parsed).__name__}, not the config.json of an exported folder")
+    weights = folder / "model.safetensors"  # what `scale ckpt export --format timm|hf` writes
+    try:
+        return timm.create_model(f"local-dir:{folder}", pretrained=True, **kwargs)
+    except Exception as err:  # timm, torch and safetensors raise many types for a bad folder
+        raise ExportUnreadable(
+            why_not_loaded(weights if weights.is_file() else folder, err, "cannot load it")
+        ) from None

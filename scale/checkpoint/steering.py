@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from scale.nofollow import write_atomic
+
 log = logging.getLogger(__name__)
 
 # optimizer: fresh moments (and loss scale); data: the loader's position and counters from 0; schedules: the step
@@ -50,4 +52,4 @@ def record(root: Path, steering: Steering, loaded_step: int, set_aside: Path | N
         "loaded_step": loaded_step,
         "set_aside": str(set_aside) if set_aside else None,
     }
-    (Path(root) / RECORD).write_text(json.dumps(entry, indent=2) + "\n")
+    write_atomic(Path(root) / RECORD, json.dumps(entry, indent=2) + "\n")

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from scale.checkpoint.checksum import checksums
+from scale.nofollow import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +40,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def _write_meta(staging: Path, text: str) -> None:
+    """meta.json, inside the staging folder this run has just created (where a planted link cannot wait): a plain
+    write through `meta.json.tmp`, the path the disk_fills fault points at /dev/full (scale.faults)."""
+    tmp = staging / (META + ".tmp")
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.replace(tmp, staging / META)
+
+
+def write_latest(root: Path, name: str) -> None:
+    """checkpoints/latest, in the run directory: never written through a link (scale.nofollow)."""
+    write_atomic(root / LATEST, name + "\n", fsync=True)
 
 
 def file_sizes(folder: Path) -> dict[str, int]:
@@ -78,13 +86,13 @@ class CheckpointStore:
         files = file_sizes(staging)
         meta = {**meta, "step": step, "saved_at": time.time(), "files": files, "checksums": checksums(staging, files)}
         meta["complete"] = True
-        _write_atomic(staging / META, json.dumps(meta, indent=2))
+        _write_meta(staging, json.dumps(meta, indent=2))
         final = self.root / step_name(step)
         if final.exists():  # a re-save of the same step (e.g. preemption right after a periodic save)
             shutil.rmtree(final)
         os.replace(staging, final)
         _fsync_dir(self.root)
-        _write_atomic(self.root / LATEST, final.name + "\n")
+        write_latest(self.root, final.name)
         return final
 
     def step_dirs(self) -> list[Path]:
@@ -133,7 +141,7 @@ class CheckpointStore:
         _fsync_dir(self.root)
         kept = self.step_dirs()
         if kept:
-            _write_atomic(self.root / LATEST, kept[0].name + "\n")
+            write_latest(self.root, kept[0].name)
         else:
             (self.root / LATEST).unlink(missing_ok=True)
         return dest

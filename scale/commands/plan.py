@@ -142,10 +142,10 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
     if args.bandwidth <= 0 or args.inter_bandwidth <= 0:
         raise UserError("--gpu-mem, --bandwidth and --inter-bandwidth must be positive and --mfu in (0, 1]")
     from scale.bench.flops import card_key, table_peak
-    from scale.launch.layout import launch_setting
     from scale.bench.measured import calibrate, family, load_rows
     from scale.bench.plan import hardware_mfu, predict
     from scale.bench.trace import trace_step
+    from scale.launch.layout import launch_setting
 
     gpu_mem, gpu_name, gpu_source = gpu_model(args)
     precision = cfg.engine.precision

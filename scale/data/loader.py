@@ -35,7 +35,8 @@ Workers. DataLoader workers (data.workers) split a rank's steps round-robin (wor
 
 Bad samples (corrupt JPEG, member that is not an image, missing label, truncated tar, missing member) are replaced
 by another sample of the same local batch, re-augmented, so shapes stay fixed; each is counted per rank by kind in
-`metrics()`. A shard whose manifest count is 0 is skipped and counted in data/empty_shards. When a rank's errors in
+`metrics()`, summed over the data-parallel ranks where the run logs them (`global_metrics`). A shard whose manifest
+count is 0 is skipped and counted in data/empty_shards. When a rank's errors in
 the current epoch exceed data.error_budget x the samples it reads per epoch, the run stops with a UserError naming
 the shard and key. A missing manifest or shard fails at construction.
 """
@@ -50,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -194,14 +196,21 @@ class ShardReader:
         if ext not in exts:
             raise SampleError("missing_label", f"{where} (no .{ext} member)")
         text = self._bytes(shard, exts[ext], where)
-        return parse_label(text, self.label_kind, where)
+        return parse_label(text, self.label_kind, where, self.num_classes)
 
 
-def parse_label(text: bytes, label_kind: str, where: str):
+def parse_label(text: bytes, label_kind: str, where: str, num_classes: int):
+    """A sample's label (`single`: a class index; `multi`: a list of them), each one of the manifest's
+    `num_classes` (none listed: not checked): an index outside them would fail the class head's loss or the online
+    probe far from its sample, so it is a bad sample named here."""
     try:
-        return int(text) if label_kind == "single" else [int(x) for x in json.loads(text)]
-    except ValueError:
+        label = int(text) if label_kind == "single" else [int(x) for x in json.loads(text)]
+    except (ValueError, TypeError):  # not a number, or a JSON value that is not a list of them
         raise SampleError("missing_label", f"{where} (label not readable: {text[:40]!r})") from None
+    wrong = [x for x in ([label] if label_kind == "single" else label) if num_classes and not 0 <= x < num_classes]
+    if wrong:
+        raise SampleError("bad_label", f"{where} (class {wrong[0]}: the manifest lists {num_classes} classes)")
+    return label
 
 
 def make_views(views, data: bytes, rng: random.Random, where: str):
@@ -318,7 +327,11 @@ class _Resampled(IterableDataset):
                 try:
                     if "jpg" not in sample:
                         raise SampleError("not_image", f"{where} (no .jpg member)")
-                    label = -1 if reader.label_kind == "none" else _stream_label(sample, reader.label_kind, where)
+                    label = (
+                        -1
+                        if reader.label_kind == "none"
+                        else _stream_label(sample, reader.label_kind, where, reader.num_classes)
+                    )
                     samples.append((sample["__key__"], make_views(ld.views, sample["jpg"], rng, where), label))
                 except SampleError as err:
                     errors.append((err.kind, err.where))
@@ -329,11 +342,11 @@ class _Resampled(IterableDataset):
             errors.clear()
 
 
-def _stream_label(sample: dict, label_kind: str, where: str):
+def _stream_label(sample: dict, label_kind: str, where: str, num_classes: int):
     ext = "cls" if label_kind == "single" else "labels"
     if ext not in sample:
         raise SampleError("missing_label", f"{where} (no .{ext} member)")
-    return parse_label(sample[ext], label_kind, where)
+    return parse_label(sample[ext], label_kind, where, num_classes)
 
 
 def hash_seed(*parts) -> int:
@@ -503,3 +516,22 @@ class Loader:
                 f"{self.global_batch}: the sample position would not be exact"
             )
         self.position = int(state["position"])
+
+
+# the same on every rank (every rank reads the whole manifest), not summed
+SHARED_METRICS = ("data/empty_shards",)
+
+
+def global_metrics(metrics: dict, group) -> dict:
+    """A loader's `metrics()` (this rank's samples and bad samples by kind) summed over the data-parallel `group`,
+    so that metrics.jsonl says what the whole run read: rank 0's own figures were a fraction of it, which changed
+    with the world size. A collective of `group` (a small object gather: call it on log steps only)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return metrics
+    gathered: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, metrics, group=group)
+    keys = sorted({key for rank in gathered for key in rank})
+    return {
+        key: metrics.get(key, 0) if key in SHARED_METRICS else sum(rank.get(key, 0) for rank in gathered)
+        for key in keys
+    }

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from scale.checkpoint.safe_load import why_not_loaded
 from scale.data.batch import Batch
 from scale.errors import UserError
 from scale.watch.knn import gather_rows
@@ -123,7 +124,7 @@ def load(path: str | Path) -> tuple[dict[str, Features], dict]:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle/zip errors come in many types
-        raise UserError(f"{path}: not a features file written by `scale eval` ({type(err).__name__}: {err})") from None
+        raise UserError(why_not_loaded(path, err, "not a features file written by `scale eval`")) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(f"{path}: not a features file written by `scale eval` (format {FORMAT})")
     return {n: Features(s["features"], s["labels"], list(s["keys"])) for n, s in data["splits"].items()}, data["meta"]

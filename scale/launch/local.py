@@ -3,6 +3,7 @@
 Under torchrun or srun this is not used: those launchers start the processes themselves.
 """
 
+import atexit
 import ctypes
 import os
 import signal
@@ -95,6 +96,20 @@ def catch_early_signals() -> None:
     of killing the launcher."""
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, _frame: _early.append(signum))
+    ignore_at_exit(FORWARDED)
+
+
+_ignored_at_exit: set[int] = set()
+
+
+def ignore_at_exit(signals) -> None:
+    """Ignore `signals` from the moment this process starts to exit. Python's finalization puts back the default
+    action of every signal it has a handler for, so one more preemption signal then (ten SIGUSR1 in a second at a
+    rank that has checkpointed) killed the process, and the launch reported 128 + the signal where it was exiting
+    with PREEMPTED_EXIT_CODE: Slurm would not requeue it. An ignored signal is left ignored."""
+    if not _ignored_at_exit:
+        atexit.register(lambda: [signal.signal(s, signal.SIG_IGN) for s in _ignored_at_exit])
+    _ignored_at_exit.update(signals)
 
 
 def early_signals() -> list[int]:

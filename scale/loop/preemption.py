@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from scale.errors import PREEMPTED_EXIT_CODE, UserError
+from scale.launch.local import ignore_at_exit
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class Preemption:
             if not isinstance(sig, signal.Signals):
                 raise UserError(f"train.preempt_signals: unknown signal '{name}' (e.g. SIGTERM, SIGUSR1)")
             signal.signal(sig, self._handle)
+            ignore_at_exit([sig])  # a signal while the process exits must not kill it (exit 3 would become 128+n)
 
     def _handle(self, signum, _frame) -> None:
         self.received = signal.Signals(signum).name

@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from scale.errors import ConfigError
+from scale.nofollow import open_fd, open_text, refuse_links, write_atomic
 
 LOG_FORMAT = "%(asctime)s [rank %(rank)d] %(levelname)s %(name)s: %(message)s"
 
@@ -28,13 +29,23 @@ class RunDir:
             folder.mkdir(parents=True, exist_ok=True)
         return self
 
+    def written_in_place(self) -> list[Path]:
+        """The files scale opens in this run directory to write into (the lock, appended logs). The ones it rewrites
+        (config.yaml, checkpoints/latest, trackers.json...) replace whatever stands at their name, a link included,
+        and a linked folder (checkpoints/ on another file system) is the user's own choice."""
+        from scale.loop.runlock import LOCK_FILE
+
+        ranks = sorted(self.logs.glob("rank*.log")) if self.logs.is_dir() else []
+        return [self.root / LOCK_FILE, self.metrics, self.checkpoints / "saves.jsonl", *ranks]
+
     def check_writable(self) -> None:
-        """Create the folders and write a probe file, so that a run directory that cannot be written fails with
-        one message before any process is spawned."""
+        """Refuse links where scale writes (scale.nofollow), create the folders and write a probe file, so that a
+        run directory that cannot be written fails with one message before any process is spawned."""
+        refuse_links(self.written_in_place())
         try:
             self.create()
             probe = self.root / f".write-probe-{os.getpid()}"
-            probe.write_text("")
+            os.close(open_fd(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
             probe.unlink()
         except OSError as err:
             raise ConfigError(f"run directory {self.root}: cannot write there ({err.strerror or err})") from None
@@ -64,9 +75,7 @@ class RunDir:
         return data
 
     def write_config(self, cfg: DictConfig) -> None:
-        tmp = self.config.with_suffix(".yaml.tmp")
-        tmp.write_text(OmegaConf.to_yaml(cfg))
-        tmp.replace(self.config)
+        write_atomic(self.config, OmegaConf.to_yaml(cfg))
 
 
 class _RankFilter(logging.Filter):
@@ -92,12 +101,19 @@ def setup_logging(run_dir: RunDir | None, rank: int, level: int = logging.INFO) 
     handlers: list[logging.Handler] = [console]
     if run_dir is not None:
         run_dir.logs.mkdir(parents=True, exist_ok=True)
-        file = logging.FileHandler(run_dir.logs / f"rank{rank}.log")
+        file = _LogFile(run_dir.logs / f"rank{rank}.log")
         file.setFormatter(logging.Formatter(LOG_FORMAT))
         handlers.append(file)
     for handler in handlers:
         handler.addFilter(_RankFilter(rank))
         root.addHandler(handler)
+
+
+class _LogFile(logging.FileHandler):
+    """A rank's log file, never appended through a link (scale.nofollow)."""
+
+    def _open(self):
+        return open_text(self.baseFilename, "a")
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -110,9 +126,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 def write_json(path: str | Path, result: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=_json_default) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(result, indent=2, default=_json_default) + "\n")
     return path
 
 

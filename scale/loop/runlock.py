@@ -20,6 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from scale.errors import ConfigError
+from scale.nofollow import open_fd
 
 log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
@@ -38,7 +39,7 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock or raise ConfigError naming its owner; a stale owner's record is taken over."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_fd(self.path, os.O_RDWR | os.O_CREAT)  # a link there is refused, never truncated
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

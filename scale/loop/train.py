@@ -16,6 +16,7 @@ from scale.checkpoint.store import epochs_done
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.data.factory import build_loader
+from scale.data.loader import global_metrics
 from scale.data.spec import LoaderSpec
 from scale.engine.dist import detect, shutdown
 from scale.engine.parallel import ParallelContext, init_parallel
@@ -287,7 +288,7 @@ class Trainer:
         return done % self.cfg.train.log_every == 0 or done == self.stop_step() or step == 0
 
     def _log(self, step: int, record: dict) -> None:
-        record.update(self.loader.metrics())
+        record.update(global_metrics(self.loader.metrics(), self.info.dp_group))  # every rank: a collective
         record["epoch"] = epochs_done(step + 1, self.steps_per_epoch)  # as the checkpoint at this step records it
         if self.resumed_at is not None:
             record["resumed_at"], self.resumed_at = self.resumed_at, None

@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from scale.errors import ConfigError, is_disk_full
+from scale.nofollow import write_atomic
 from scale.trackers.jsonl import JsonlSink
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,7 @@ class TrackerState:
         self.last_step: int = saved.get("last_step", 0)
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"ids": self.ids, "last_step": self.last_step}))
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps({"ids": self.ids, "last_step": self.last_step}))
 
 
 def branch(state: TrackerState, step: int) -> None:

@@ -4,10 +4,12 @@ import json
 import time
 from pathlib import Path
 
+from scale.nofollow import open_text
+
 
 class JsonlSink:
     def __init__(self, path: Path):
-        self._file = open(path, "a")
+        self._file = open_text(path, "a")
 
     def log(self, step: int, record: dict) -> None:
         self._file.write(json.dumps({"step": step, "time": time.time(), **record}) + "\n")

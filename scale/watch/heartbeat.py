@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from scale.nofollow import LinkRefused, write_atomic
+
 FILE = "heartbeat.json"
 EVERY_S = 2.0  # seconds between writes
 LONG_STEP_S = 5.0  # a step running this long shows its phase and elapsed time in the bar
@@ -64,11 +66,9 @@ class Heartbeat:
         }
 
     def write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(self.state()))
-            tmp.replace(self.path)
-        except OSError:  # a full or flaky file system must not stop training
+            write_atomic(self.path, json.dumps(self.state()))
+        except (OSError, LinkRefused):  # a full or flaky file system must not stop training
             pass
 
     def _run(self) -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from scale.launch.layout import launch_setting
 from scale.bench.measured import load_rows
 from scale.cli import main
 from scale.config import load_recipe
 from scale.engine.kinds import recipe_setting
 from scale.launch import slurm
+from scale.launch.layout import launch_setting
 
 TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))  # engine fsdp2
 

@@ -3,6 +3,7 @@ ZeRO-3 model and optimizer states, the teacher, a universal folder shipped insid
 entry removed from meta.json, is refused before DeepSpeed opens anything."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -105,5 +106,23 @@ def test_resume_from_crafted_deepspeed_file_runs_no_code(embedded_data, ds_runs,
     out = run_train(embedded_data, tmp_path / "run", ds(1)[:-1] + [f"train.max_steps={STEPS + 2}"], nproc=nproc)
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.count("refused to load") == 1 and name.split("/")[-1] in out.stderr, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert not marker.exists()
+
+
+def test_elastic_resume_through_a_linked_universal_folder_runs_no_code(embedded_data, ds_runs, tmp_path):
+    """The issue's attack: `engine/universal` a relative link (it survives tar) to a folder holding a crafted
+    fp32.pt, the 2-rank ZeRO-1 run resumed on 1 rank, where the conversion would be skipped and DeepSpeed would
+    unpickle it: exit 2 naming the link, no code run (test_links.py: the same for every link shape and engine)."""
+    shutil.copytree(ds_runs[1], tmp_path / "run")
+    marker, outside = tmp_path / "marker", tmp_path / "outside"
+    shutil.copytree(ds_runs["universal"] / NEWEST / "engine" / "universal", outside)  # a real conversion's layout
+    fp32 = sorted(outside.rglob("fp32.pt"))[0]
+    torch.save({"param": Marker(marker)}, fp32)  # what DeepSpeed's universal load unpickles first
+    link = tmp_path / "run" / NEWEST / "engine" / "universal"
+    link.symlink_to(os.path.relpath(outside, link.parent))
+    out = run_train(embedded_data, tmp_path / "run", ds(1)[:-1] + [f"train.max_steps={STEPS + 2}"], nproc=1)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.count("refused to load") == 1 and "engine/universal" in out.stderr, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
     assert not marker.exists()

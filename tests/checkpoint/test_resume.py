@@ -86,6 +86,10 @@ def test_fsdp2_checkpoint_resumes_on_another_world_size(embedded_data, reference
     more = run_train(embedded_data, tmp_path, COMMON + [f"train.max_steps={STEPS + 2}"], nproc=world)
     assert more.returncode == 0, more.stderr[-3000:]
     assert "resumed from" in more.stderr and max(losses(tmp_path)) == STEPS + 2
+    # the data counters are the whole run's, summed over the ranks, at any world size (rank 0's own were half)
+    batch = 16  # TINY's train.global_batch
+    assert metric(reference, "data/samples")[STEPS] == STEPS * batch
+    assert metric(tmp_path, "data/samples")[STEPS + 2] == (STEPS + 2) * batch
 
 
 def test_exported_teacher_backbone_loads_into_timm_strictly(reference, tmp_path):

@@ -1,5 +1,7 @@
 """Bad input in shards: skipped, counted per rank, fatal past the error budget; missing files fail at start."""
 
+import json
+
 import pytest
 
 from scale.data.factory import build_loader
@@ -23,6 +25,7 @@ CASES = {
     "decode": {"badjpeg": {"jpg": jpeg(1)[:200] + b"\0" * 50, "cls": b"0"}},
     "not_image": {"text": {"txt": b"hello", "cls": b"0"}},
     "missing_label": {"nolabel": {"jpg": jpeg(2)}},
+    "bad_label": {"farclass": {"jpg": jpeg(3), "cls": b"99999"}},  # the manifest lists 2 classes
 }
 
 
@@ -83,3 +86,23 @@ def test_a_shard_deleted_during_the_run_counts_as_bad_samples_then_stops_naming_
     (tmp_path / "out" / "shard-000001.tar").unlink()  # after the manifest was checked
     with pytest.raises(UserError, match=r"shard-000001\.tar key .*shard unreadable: No such file"):
         list(loader)
+
+
+@pytest.mark.parametrize("label", [b"99999", b"-3", b"2"])
+def test_a_label_outside_the_manifest_classes_is_a_bad_sample(tmp_path, label):
+    """It failed the online probe's loss far from its sample; now it is named and counted like any bad sample."""
+    cfg = shards_with(tmp_path, {"odd": {"jpg": jpeg(4), "cls": label}})
+    ld = build_loader(LoaderSpec(cfg, "train", 13, 0, 1, seed=0))
+    assert all(((b.labels >= 0) & (b.labels < 2)).all() for b in ld)
+    assert ld.metrics()["data/errors_bad_label"] == 1
+
+
+@pytest.mark.parametrize("count", [-100, 2.5, "8", None, True])
+def test_a_manifest_count_that_is_not_a_sample_count_fails_at_start(tmp_path, count):
+    """A count of -100 silently dropped the shard from the epoch; any count but an integer >= 0 is refused."""
+    cfg = shards_with(tmp_path, {})
+    manifest = json.loads((tmp_path / "_info.json").read_text())
+    manifest["shards"][1]["count"] = count
+    (tmp_path / "_info.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match=r"shard s1\.tar: count"):
+        build_loader(LoaderSpec(cfg, "train", 4, 0, 1, seed=0))

@@ -11,7 +11,7 @@ from scale.data.shards.write import build_shards
 from scale.data.sources import imagefolder
 from scale.data.spec import LoaderSpec
 from scale.errors import UserError
-from tests.data.helpers import make_imagefolder, tiny_cfg
+from tests.data.helpers import good_shards, jpeg, make_imagefolder, tiny_cfg, write_manifest, write_tar
 
 
 def test_verify_reports_corruption(tmp_path, capsys):
@@ -44,3 +44,23 @@ def test_corrupt_index_is_named_by_verify_and_the_loader(tmp_path, damage):
     if damage != "shifted":
         with pytest.raises(UserError, match="shard-000000.idx: corrupt shard index"):
             list(build_loader(LoaderSpec(tiny_cfg(tmp_path / "out", error_budget=0.0), "train", 2, 0, 1, seed=0)))
+
+
+def test_verify_names_labels_outside_the_classes_and_bad_counts(tmp_path):
+    src = make_imagefolder(tmp_path / "src")
+    build_shards(imagefolder(src), tmp_path / "out", shard_size=10, progress=False)
+    good_shards(tmp_path / "odd", [2])
+    write_tar(
+        tmp_path / "odd" / "s1.tar",
+        [("far", {"jpg": jpeg(1), "cls": b"99999"}), ("neg", {"jpg": jpeg(2), "cls": b"-3"})],
+    )
+    write_manifest(tmp_path / "odd", {"s0.tar": 2, "s1.tar": 2})
+    problems = verify(tmp_path / "odd", decode=False)
+    assert [p for p in problems if "bad label" in p] == [
+        f"{tmp_path / 'odd' / 's1.tar'}: sample far (class 99999: the manifest lists 2 classes): bad label",
+        f"{tmp_path / 'odd' / 's1.tar'}: sample neg (class -3: the manifest lists 2 classes): bad label",
+    ], problems
+    assert verify(tmp_path / "out", decode=False) == []  # a sound directory's labels pass
+    write_manifest(tmp_path / "odd", {"s0.tar": 2, "s1.tar": -100})
+    with pytest.raises(UserError, match=r"shard s1\.tar: count -100"):
+        verify(tmp_path / "odd", decode=False)

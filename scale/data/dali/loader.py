@@ -143,7 +143,7 @@ class DaliLoader(Loader):
 
     def _label(self, text: bytes, key: str):
         try:
-            return parse_label(text, self.label_kind, f"{self.dir} key {key}")
+            return parse_label(text, self.label_kind, f"{self.dir} key {key}", len(self.manifest["classes"]))
         except SampleError as err:
             raise UserError(f"bad label: {err.where}") from None
 

@@ -16,13 +16,34 @@ def read_manifest(shard_dir) -> dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise UserError(f"{path}: not valid JSON: {err}") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{path}: a JSON {type(manifest).__name__}, not an object")
     for key in ("label_kind", "classes", "shards"):
         if key not in manifest:
             raise UserError(f"{path}: missing key '{key}'")
-    for shard in manifest["shards"]:
+    if not isinstance(manifest["classes"], list) or not isinstance(manifest["shards"], list):
+        raise UserError(f"{path}: 'classes' and 'shards' must be lists")
+    for number, shard in enumerate(manifest["shards"]):
+        _check_shard_entry(path, number, shard)
         if not (Path(shard_dir) / shard["name"]).is_file():
             raise UserError(f"shard listed in {path} not found: {Path(shard_dir) / shard['name']}")
     return manifest
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_shard_entry(path: Path, number: int, shard) -> None:
+    """One entry of the manifest's `shards`: a name and a sample count (a negative one silently dropped the shard
+    from the epoch order, a fractional one failed far from here)."""
+    if not isinstance(shard, dict) or not isinstance(shard.get("name"), str):
+        raise UserError(f"{path}: shards[{number}] is not an object with a 'name'")
+    if not _is_count(shard.get("count")):
+        raise UserError(
+            f"{path}: shard {shard['name']}: count {shard.get('count')!r} is not a number of samples (an integer "
+            "of 0 or more); rebuild the shards with `scale shards build`, or correct the manifest"
+        )
 
 
 def read_index(shard_dir, shard: dict) -> tuple[list, str | None]:

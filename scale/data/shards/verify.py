@@ -3,6 +3,7 @@ images)."""
 
 from pathlib import Path
 
+from scale.data.loader import SampleError, parse_label
 from scale.data.shards.jpeg import BadImage, prepare_jpeg
 from scale.data.shards.layout import MANIFEST, scan_tar, sha256_file
 from scale.data.shards.read import read_index, read_manifest
@@ -17,6 +18,7 @@ def verify(shard_dir, decode: bool = True, progress: bool = False) -> list[str]:
     problems = []
     total = 0
     needs_label = {"single": "cls", "multi": "labels"}.get(manifest["label_kind"])
+    labels = (manifest["label_kind"], len(manifest["classes"]))
     shards = manifest["shards"]
     for shard in progress_bar(len(shards), enabled=progress, desc="verify", iterable=shards, unit="shard"):
         path = shard_dir / shard["name"]
@@ -31,7 +33,7 @@ def verify(shard_dir, decode: bool = True, progress: bool = False) -> list[str]:
         total += len(members)
         with open(path, "rb") as f:
             for key, exts in members:
-                problems += _check_sample(f, path, key, exts, needs_label, decode)
+                problems += _check_sample(f, path, key, exts, needs_label, labels, decode)
     if manifest.get("num_samples") is not None and total != manifest["num_samples"]:
         problems.append(f"{shard_dir / MANIFEST}: num_samples {manifest['num_samples']}, shards hold {total}")
     return problems
@@ -50,16 +52,24 @@ def _check_index(shard_dir: Path, shard: dict, members: list) -> list[str]:
     return []
 
 
-def _check_sample(f, path, key, exts, needs_label, decode) -> list[str]:
+def _read(f, span) -> bytes:
+    f.seek(span[0])
+    return f.read(span[1])
+
+
+def _check_sample(f, path, key, exts, needs_label, labels, decode) -> list[str]:
     if "jpg" not in exts:
         return [f"{path}: sample {key} has no .jpg member"]
     if needs_label and needs_label not in exts:
         return [f"{path}: sample {key} has no .{needs_label} member"]
-    if decode:
-        offset, size = exts["jpg"]
-        f.seek(offset)
+    if needs_label:  # what the loader reads: a number (or list of them) of one of the manifest's classes
         try:
-            prepare_jpeg(f.read(size), None, 90)
+            parse_label(_read(f, exts[needs_label]), labels[0], f"{path}: sample {key}", labels[1])
+        except SampleError as err:
+            return [f"{err.where}: {err.kind.replace('_', ' ')}"]
+    if decode:
+        try:
+            prepare_jpeg(_read(f, exts["jpg"]), None, 90)
         except BadImage as err:
             return [f"{path}: sample {key}: image does not decode ({err})"]
     return []
