@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from scale.bench.flops import step_flops
 from scale.bench.layout import Setting
-from scale.bench.trace import StepTrace
+from scale.bench.steptrace import StepTrace
 from scale.engine.kinds import SETTINGS
 from scale.errors import UserError
 
