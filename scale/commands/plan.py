@@ -9,6 +9,14 @@ from dataclasses import dataclass
 
 from scale.bench.gpus import DEFAULT_GPU, GPUS
 
+# said by `scale plan --help` and `scale submit --help`: why the first call is slow
+TRACE_NOTE = (
+    "The first call for a recipe traces one training step on fake tensors (imports torch: seconds) and keeps the "
+    "result in $XDG_CACHE_HOME/scale/traces (default ~/.cache/scale/traces); later calls with the same model, "
+    "method, data, optimizer, engine and train settings and the same scale, torch and timm read it (no torch). The "
+    "verdict line ends in (traced) or (cached trace)."
+)
+
 
 def add_gpu_arguments(parser) -> None:
     """The GPU the job is planned for: `scale plan` and `scale submit` (its verdict) take the same options."""
@@ -48,6 +56,8 @@ def register(sub) -> None:
         "plan",
         help="judge the recipe as `scale submit` launches it (memory, step time), compare engines, propose a "
         "setting that fits",
+        description="Judge the recipe as `scale submit` launches it, compare engines, propose a setting that fits. "
+        + TRACE_NOTE,
     )
     parser.add_argument("recipe", help="recipe name or YAML path")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
