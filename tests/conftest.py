@@ -15,6 +15,15 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def trace_cache(tmp_path_factory) -> Path:
+    """The planner's trace cache (scale.bench.trace_cache, under $XDG_CACHE_HOME) in a folder of the session, not the
+    user's ~/.cache: the processes a test starts inherit it."""
+    folder = tmp_path_factory.mktemp("xdg_cache")
+    os.environ["XDG_CACHE_HOME"] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def embedded_data(tmp_path_factory) -> Path:
     """SCALE_DATA root with the embedded digits and photos shards (root/embedded/NAME/{train,val}), built once per

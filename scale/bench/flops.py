@@ -10,8 +10,6 @@ large matmul in the recipe's precision (CPU, unknown GPUs).
 
 import time
 
-import torch
-
 # dense peak TFLOP/s: (fp32, bf16/fp16). fp32 without TF32 on A100/H100 (TF32 is off for matmuls in torch by default)
 GPU_PEAK_TFLOPS = {
     "H100 SXM": (67.0, 989.0),
@@ -54,9 +52,11 @@ def table_peak(device_name: str, precision: str) -> float | None:
     return (fp32 if precision == "fp32" else half) * 1e12
 
 
-def measured_peak(device: torch.device, precision: str, size: int = 1024, seconds: float = 0.5) -> float:
+def measured_peak(device, precision: str, size: int = 1024, seconds: float = 0.5) -> float:
     """FLOP/s of size x size matmuls in the precision's dtype on `device` (the threads torch uses): the best of
     short rounds, so that other processes on a shared machine lower it less."""
+    import torch  # here: the planner reads the table without torch (scale.bench.trace_cache)
+
     dtype = torch.float32 if precision == "fp32" else (torch.bfloat16 if precision == "bf16" else torch.float16)
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
@@ -72,8 +72,10 @@ def measured_peak(device: torch.device, precision: str, size: int = 1024, second
     return best
 
 
-def device_peak(device: torch.device, precision: str) -> tuple[float, str]:
+def device_peak(device, precision: str) -> tuple[float, str]:
     """(peak FLOP/s of one device, where it comes from)."""
+    import torch
+
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         peak = table_peak(name, precision)

@@ -31,7 +31,7 @@ tests/bench/test_plan_network.py checks DDP, FSDP2 and HSDP against the collecti
 from dataclasses import dataclass, field, replace
 
 from scale.bench.flops import step_flops
-from scale.bench.trace import StepTrace
+from scale.bench.steptrace import StepTrace
 from scale.engine.kinds import SETTINGS
 from scale.errors import UserError
 from scale.launch.layout import Setting

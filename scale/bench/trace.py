@@ -13,16 +13,15 @@ the loss arithmetic (cross-entropies over 65536 prototypes, EsViT's per-token re
 """
 
 import contextlib
-from dataclasses import dataclass, field
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import FlopCounterMode
 
+from scale.bench.steptrace import TRACE_IMAGES, BlockCall, StepTrace, trace_config
 from scale.data.synthetic import SyntheticLoader
 from scale.engine.activation import part_blocks
 from scale.engine.base import Engine
@@ -31,39 +30,7 @@ from scale.engine.params import named_parameters
 from scale.models.flops import _math_attention
 from scale.optim import build_optimizer, param_groups
 
-TRACE_IMAGES = 2  # BatchNorm heads (MoCo v3) need more than one image per view
 CPU = torch.device("cpu")
-
-
-@dataclass
-class BlockCall:
-    index: int  # block position in its backbone
-    saved: int = 0  # bytes saved for backward inside this call
-    inputs: int = 0  # bytes of the call's input
-    flops: int = 0
-
-
-@dataclass
-class StepTrace:
-    images: int
-    student_flops: int = 0  # forward FLOPs of every student call of the step (all crops)
-    teacher_flops: int = 0
-    net_saved: int = 0  # bytes the student's forward saves for backward
-    loss_saved: int = 0  # bytes the loss arithmetic outside the nets saves
-    largest_saved: int = 0  # the largest single saved storage
-    blocks: list[BlockCall] = field(default_factory=list)  # the student's block calls, in order
-    student_calls: int = 0  # forwards of the student net in the step
-    teacher_calls: int = 0
-    block_params: int = 0  # student parameters inside transformer blocks (gathered per backbone call by FSDP)
-    depth: int = 0  # transformer blocks of the student
-    input_bytes: int = 0  # the batch's crops
-    params: int = 0  # student parameters (all)
-    trainable: int = 0
-    teacher_params: int = 0
-    buffers: int = 0  # bytes of student + teacher buffers
-
-    def per_image(self, value: float) -> float:
-        return value / self.images
 
 
 def block_modules(net: nn.Module) -> list[nn.Module]:
@@ -262,26 +229,7 @@ def trace_step(cfg, images: int = TRACE_IMAGES, info: ParallelContext | None = N
 
     info = info or ParallelContext(0, 1, 0, "127.0.0.1", 0, "single")
     epoch = int(cfg.method.dino.region_from_epoch)
-    batch = images * info.dp_size
-    cfg = OmegaConf.merge(
-        cfg,
-        {
-            # nets built on the meta device, traced whole: no checkpointing (the planner models it), no monitors
-            "engine": {
-                "meta_init": True,
-                "grad_accum": 1,
-                "activation_checkpointing": "none",
-                "shard_size": info.shard_size,
-            },
-            "train": {
-                "global_batch": batch,
-                "samples_per_epoch": batch,
-                "epochs": epoch + 1,
-                "knn_monitor_every": 0,
-                "grad_monitor_every": 0,
-            },
-        },
-    )
+    cfg = trace_config(cfg, images, info.dp_size, info.shard_size)
     trace = StepTrace(images=images)
     step = TrainStep(
         cfg,

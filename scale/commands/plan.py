@@ -9,6 +9,14 @@ from dataclasses import dataclass
 
 from scale.bench.gpus import DEFAULT_GPU, GPUS
 
+# said by `scale plan --help` and `scale submit --help`: why the first call is slow
+TRACE_NOTE = (
+    "The first call for a recipe traces one training step on fake tensors (imports torch: seconds) and keeps the "
+    "result in $XDG_CACHE_HOME/scale/traces (default ~/.cache/scale/traces); later calls with the same model, "
+    "method, data, optimizer, engine and train settings and the same scale, torch and timm read it (no torch). The "
+    "verdict line ends in (traced) or (cached trace)."
+)
+
 
 def add_gpu_arguments(parser) -> None:
     """The GPU the job is planned for: `scale plan` and `scale submit` (its verdict) take the same options."""
@@ -48,6 +56,8 @@ def register(sub) -> None:
         "plan",
         help="judge the recipe as `scale submit` launches it (memory, step time), compare engines, propose a "
         "setting that fits",
+        description="Judge the recipe as `scale submit` launches it, compare engines, propose a setting that fits. "
+        + TRACE_NOTE,
     )
     parser.add_argument("recipe", help="recipe name or YAML path")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
@@ -80,11 +90,10 @@ def gpu_model(args) -> tuple[float, str, str]:
         mem, name = GPUS[args.gpu]
         source = f"--gpu {args.gpu}"
     else:
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            mem, name, source = props.total_memory / 2**30, props.name, f"this machine's {props.name}"
+        local = local_gpu()
+        if local is not None:
+            mem, name = local
+            source = f"this machine's {name}"
         else:
             (mem, name), source = GPUS[DEFAULT_GPU], f"{DEFAULT_GPU} (default: no --gpu and no local GPU)"
     if args.gpu_mem is not None:
@@ -92,12 +101,29 @@ def gpu_model(args) -> tuple[float, str, str]:
     return mem, name, source
 
 
+def local_gpu() -> tuple[float, str] | None:
+    """(memory GiB, name) of this machine's first GPU, or None. Asks torch only where a GPU driver is loaded: a
+    login node without one answers without importing torch (scale submit --dry-run stays light)."""
+    from pathlib import Path
+
+    nvidia = Path("/proc/driver/nvidia/gpus")
+    if not (nvidia.is_dir() and any(nvidia.iterdir())) and not Path("/dev/kfd").exists():  # NVIDIA, ROCm
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return props.total_memory / 2**30, props.name
+
+
 @dataclass
 class Judgement:
     """The recipe as submit launches it on a layout, predicted: what `scale plan` prints first and `scale submit`
     prints as its verdict."""
 
-    trace: object  # scale.bench.trace.StepTrace
+    trace: object  # scale.bench.steptrace.StepTrace
+    cached: bool  # the trace came from the cache (scale.bench.trace_cache), not traced now
     setting: object  # scale.launch.layout.Setting
     own: object  # scale.bench.plan.Prediction of `setting`
     common: tuple  # the arguments plan() and predict() share after (trace, setting / per-GPU batch)
@@ -124,7 +150,8 @@ class Judgement:
         fits = "fits" if self.fits else "does NOT fit"
         return (
             f"as `scale submit` launches it: {self.setting.label()}: {used:.1f} GiB per GPU of {limit:.1f} GiB "
-            f"({HEADROOM:.0%} of {self.gpu_mem:.1f}): {fits}; {self.own.step_s:.3f} s/step predicted"
+            f"({HEADROOM:.0%} of {self.gpu_mem:.1f}): {fits}; {self.own.step_s:.3f} s/step predicted "
+            f"({'cached trace' if self.cached else 'traced'})"
         )
 
 
@@ -144,7 +171,7 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
     from scale.bench.flops import card_key, table_peak
     from scale.bench.measured import calibrate, family, load_rows
     from scale.bench.plan import hardware_mfu, predict
-    from scale.bench.trace import trace_step
+    from scale.bench.trace_cache import cached_trace
     from scale.launch.layout import launch_setting
 
     gpu_mem, gpu_name, gpu_source = gpu_model(args)
@@ -152,7 +179,7 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
     peak = args.gpu_tflops * 1e12 if args.gpu_tflops else table_peak(gpu_name, precision)
     peak = peak or table_peak("A100", precision)
     setting = launch_setting(cfg, overrides, nodes, gpus_per_node)
-    trace = trace_step(cfg)
+    trace, cached = cached_trace(cfg)  # the first call traces (torch, seconds); later ones read the cache
     if args.mfu is not None:
         mfu, note = args.mfu, f"MFU {args.mfu:.0%} (--mfu)"
     else:
@@ -165,7 +192,9 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
     per_gpu = cfg.train.global_batch // world
     common = (world, gpu_mem * 2**30, precision, cfg.optim.name, peak, mfu, args.bandwidth * 1e9)
     own = predict(trace, setting, *common[:1], *common[2:], gpus_per_node, args.inter_bandwidth * 1e9)
-    return Judgement(trace, setting, own, common, per_gpu, world, gpus_per_node, gpu_mem, gpu_source, peak, mfu, note)
+    return Judgement(
+        trace, cached, setting, own, common, per_gpu, world, gpus_per_node, gpu_mem, gpu_source, peak, mfu, note
+    )
 
 
 def cmd_plan(args) -> int:

