@@ -95,3 +95,28 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False  # xdist would order the units by their number of tests instead
     return ModuleScheduling(config, log)
+
+
+# Where the time went, at the end of `make test` (after --durations' slowest tests): each worker's busy time, and
+# the units (xdist_scope) that took longest, so that a slow CI run shows which worker and which unit held it up.
+_busy: dict[str, float] = {}
+_units: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    worker = worker.id if worker is not None else "main"
+    _busy[worker] = _busy.get(worker, 0.0) + report.duration
+    unit = xdist_scope(report.nodeid)
+    _units[unit] = _units.get(unit, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _busy:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("time per worker and per unit")
+    for worker, seconds in sorted(_busy.items()):
+        write(f"{seconds:8.1f} s  worker {worker}")
+    for unit, seconds in sorted(_units.items(), key=lambda kv: -kv[1])[:15]:
+        write(f"{seconds:8.1f} s  {unit}")
