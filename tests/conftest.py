@@ -120,6 +120,7 @@ def pytest_runtest_logreport(report):
     _units[unit] = _units.get(unit, 0.0) + report.duration
 
 
+@pytest.hookimpl(trylast=True)  # after --durations' list: the last lines of the log
 def pytest_terminal_summary(terminalreporter):
     if not _busy:
         return
