@@ -39,7 +39,8 @@ $(OLDEST_STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/scale demo
 
-# the full suite: what CI runs (with the 25 slowest tests listed, to keep an eye on its time)
+# the full suite: what CI runs; it ends with where the time went: the 25 slowest tests, then each xdist worker's busy
+# time and the longest units (tests/conftest.py)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 

@@ -51,9 +51,11 @@ def group():
 
 
 # Modules that share one session fixture run on one worker: the Slurm modules share one local cluster (a second
-# worker would start it again while the first uses it), the checkpoint modules one reference run. Every other
-# module is its own unit, and its tests stay together so that module fixtures are built once.
-SHARED_SCOPES = ("tests/slurm/", "tests/checkpoint/")
+# worker would start it again while the first uses it). Every other module is its own unit, and its tests stay
+# together so that module fixtures are built once; the checkpoint modules' reference run (a session fixture) is
+# trained once on each worker that runs one of them, a launch of ~13 CPU s, where keeping their ~60 launches on one
+# worker left the other idle at the end.
+SHARED_SCOPES = ("tests/slurm/",)
 GPU_TESTS = "tests/gpu/"
 
 
@@ -69,8 +71,11 @@ def xdist_scope(nodeid: str) -> str:
 # The longest units first (each over a minute on an idle 2-core machine), so that neither worker starts one while
 # the other is finishing; the rest follow in collection order and fill the gaps.
 LONGEST_FIRST = (
-    "tests/checkpoint/",
     "tests/demo/test_demo.py",
+    "tests/checkpoint/test_steering_runs.py",
+    "tests/checkpoint/test_faults.py",
+    "tests/checkpoint/test_disk_full.py",
+    "tests/checkpoint/test_resume.py",
     "tests/recipes/test_recipes_smoke.py",
     "tests/slurm/",
     "tests/recipes/test_recipes_check.py",
@@ -78,6 +83,10 @@ LONGEST_FIRST = (
     "tests/engine/test_compile.py",
     "tests/bench/test_bench_measure.py",
     "tests/eval/test_dino_beats_random_init.py",
+    "tests/checkpoint/test_checksums.py",
+    "tests/checkpoint/test_deepspeed_files.py",
+    "tests/checkpoint/test_deepspeed_fit.py",
+    "tests/checkpoint/test_chaos.py",
     # on a GPU (tools/device-check: 6 workers), the units that took longest on the H100
     "tests/gpu/test_gpu_checkpoint.py::test_checkpoint_moves_between_gpu_and_cpu_bit_exact",
     "tests/gpu/test_gpu_engines.py::test_mixed_precision_is_finite_and_close_to_fp32[bf16",
@@ -104,3 +113,29 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False  # xdist would order the units by their number of tests instead
     return ModuleScheduling(config, log)
+
+
+# Where the time went, at the end of `make test` (after --durations' slowest tests): each worker's busy time, and
+# the units (xdist_scope) that took longest, so that a slow CI run shows which worker and which unit held it up.
+_busy: dict[str, float] = {}
+_units: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    worker = worker.id if worker is not None else "main"
+    _busy[worker] = _busy.get(worker, 0.0) + report.duration
+    unit = xdist_scope(report.nodeid)
+    _units[unit] = _units.get(unit, 0.0) + report.duration
+
+
+@pytest.hookimpl(trylast=True)  # after --durations' list: the last lines of the log
+def pytest_terminal_summary(terminalreporter):
+    if not _busy:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("time per worker and per unit")
+    for worker, seconds in sorted(_busy.items()):
+        write(f"{seconds:8.1f} s  worker {worker}")
+    for unit, seconds in sorted(_units.items(), key=lambda kv: -kv[1])[:15]:
+        write(f"{seconds:8.1f} s  {unit}")

@@ -6,6 +6,9 @@ from pathlib import Path
 
 from scale.launch.local import fresh_environment
 
+# `scale` with its --nproc ranks forked from the launcher (see there)
+FORKED_RANKS = Path(__file__).with_name("forked_ranks.py")
+
 TINY = [
     "train.global_batch=16",
     "train.log_every=1",
@@ -30,14 +33,17 @@ def run_train(
     fault: str | None = None,
     recipe: str = "demo/dino_tiny",
     timeout: int = 600,  # a guard against a hung run: a loaded 2-core machine took over 300 s for one launch
+    fork: bool = True,
 ) -> subprocess.CompletedProcess:
+    """`scale train recipe *overrides --run-dir run_dir --nproc nproc`. `fork`: the ranks forked from the launcher
+    (FORKED_RANKS), which saves each rank its ~10 CPU s of imports; False for the tests of the launcher and of
+    process start-up, which run the ranks as a user's launch does, each a new interpreter."""
     env = clean_env(data_root)
     if fault:
         env["SCALE_FAULT"] = fault
     cmd = [
         sys.executable,
-        "-m",
-        "scale.cli",
+        *([str(FORKED_RANKS)] if fork else ["-m", "scale.cli"]),
         "train",
         recipe,
         *overrides,

@@ -15,6 +15,7 @@ from scale.bench.trace import trace_step
 from scale.cli import main
 from scale.config import load_recipe
 from scale.recipes.smoke import smoke_overrides
+from tests.helpers_run import FORKED_RANKS
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
@@ -182,8 +183,7 @@ def test_bench_on_two_ranks_reports_sharded_state(tmp_path):
     done = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "scale.cli",
+            str(FORKED_RANKS),  # ranks forked from the launcher (tests/forked_ranks.py)
             "bench",
             TINY_RECIPE,
             "train.global_batch=4",

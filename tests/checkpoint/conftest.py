@@ -1,4 +1,5 @@
-"""The uninterrupted reference run, trained once per session for every module here that compares with it."""
+"""The uninterrupted reference run, trained once per session (once per xdist worker that runs one of them) for
+every module here that compares with it."""
 
 import pytest
 

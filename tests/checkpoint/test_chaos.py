@@ -61,7 +61,7 @@ def test_random_kills_of_one_rank_resume_bit_identical(embedded_data, reference,
     print(f"SCALE_CHAOS_SEED={seed}")
     for _ in range(int(os.environ.get("SCALE_CHAOS_N", "2"))):
         kill_one_rank_at_random(embedded_data, tmp_path, rng)
-    out = run_train(embedded_data, tmp_path, OVERRIDES)
+    out = run_train(embedded_data, tmp_path, OVERRIDES, fork=False)  # ranks as a user's launch starts them
     assert out.returncode == 0, out.stderr[-3000:]
     assert_same_state(final_state(reference), final_state(tmp_path))
     ref_losses, our_losses = losses(reference), losses(tmp_path)

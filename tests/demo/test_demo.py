@@ -2,15 +2,33 @@
 report with plots."""
 
 import json
+import subprocess
+import types
 from pathlib import Path
 
 import pytest
 
+import scale.demo
 from scale.demo import run_demo
 from scale.loop.rundir import read_metrics
+from tests.helpers_run import FORKED_RANKS
 from tests.trackers.readback import mlflow_runs
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
+
+
+@pytest.fixture(autouse=True)
+def forked_ranks(monkeypatch):
+    """The demo's launches (`scale train`, `scale bench`) with their ranks forked from the launcher
+    (tests/forked_ranks.py): these tests test the story; the demo's exec'd launches are tested by
+    tests/demo/test_demo_signals.py and `make test-wheel`'s `scale demo`."""
+
+    def popen(command, *args, **kwargs):
+        if command[1:3] == ["-m", "scale.cli"]:
+            command = [command[0], str(FORKED_RANKS), *command[3:]]
+        return subprocess.Popen(command, *args, **kwargs)
+
+    monkeypatch.setattr(scale.demo, "subprocess", types.SimpleNamespace(Popen=popen, PIPE=subprocess.PIPE))
 
 
 def test_demo_story_end_to_end(tmp_path, capfd, monkeypatch):

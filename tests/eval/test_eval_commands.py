@@ -18,6 +18,7 @@ from scale.eval.knn import knn_eval
 from scale.eval.linear import in_val_split
 from scale.eval.logreg import evaluate_dataset
 from scale.models import build_backbone
+from tests.helpers_run import FORKED_RANKS
 
 RECIPE = """
 base: _base/dino
@@ -101,8 +102,7 @@ def test_knn_on_two_ranks_equals_one_rank(data, tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "scale.cli",
+            str(FORKED_RANKS),  # ranks forked from the launcher (tests/forked_ranks.py)
             "eval",
             "knn",
             recipe,

@@ -16,7 +16,7 @@ from scale.data.batch import Batch
 from scale.data.evaluation import ShardSamples, eval_views_cfg, lockstep_batches
 from scale.loop.validation import accuracy
 from scale.methods import build_method
-from tests.helpers_run import clean_env
+from tests.helpers_run import FORKED_RANKS, clean_env
 
 RECIPE = """
 base: _base/drloc
@@ -77,8 +77,7 @@ def test_finetune_is_a_training_run_whose_val_top1_is_the_exported_models(data, 
     run_dir, out = tmp_path / "run", tmp_path / "finetune.json"
     cmd = [
         sys.executable,
-        "-m",
-        "scale.cli",
+        str(FORKED_RANKS),  # ranks forked from the launcher (tests/forked_ranks.py)
         "eval",
         "finetune",
         recipe,

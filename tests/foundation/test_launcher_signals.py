@@ -114,7 +114,7 @@ def test_one_live_run_per_run_directory_and_a_killed_owner_is_taken_over(embedde
     first = launch(embedded_data, run_dir)
     wait_for(lambda: training(run_dir) or first.poll() is not None, "training")
     ranks = children(first.pid)
-    second = run_train(embedded_data, run_dir, LONG)
+    second = run_train(embedded_data, run_dir, LONG, fork=False)
     assert second.returncode == 2, second.stderr[-3000:]
     assert second.stderr.count("scale: error:") == 1 and "Traceback" not in second.stderr
     assert f"is in use by another `scale train` (pid {first.pid} on host" in second.stderr, second.stderr[-3000:]

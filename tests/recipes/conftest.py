@@ -1,3 +1,4 @@
+import functools
 import os
 
 import pytest
@@ -7,10 +8,6 @@ from scale.recipes.check import missing_pieces
 from scale.recipes.smoke import ensure_smoke_data
 
 ALL_RECIPES_ENV = "SCALE_ALL_RECIPES"
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", f"slow_recipes: smoke-train every recipe (runs only with {ALL_RECIPES_ENV}=1)")
 
 
 def smoke_features(cfg) -> set[tuple]:
@@ -38,25 +35,29 @@ TRAINED_ELSEWHERE = ("demo/",)
 
 
 def smoke_params() -> list:
-    """Every runnable recipe: by default those that bring a feature (smoke_features) no earlier recipe brought, the
-    others marked slow_recipes (run with SCALE_ALL_RECIPES=1)."""
-    covered, params = set(), []
+    """Every recipe, by name: listing them loads none (loading all ~320 took ~51 CPU s in each process that
+    collects the tests, the xdist workers of `make test` and of `make test-oldest`); smoke_skips chooses, at run time
+    and once per process, which of them run."""
+    return [pytest.param(name, id=name) for name in map(recipe_name, list_recipes())]
+
+
+@functools.cache
+def smoke_skips() -> dict[str, str]:
+    """Why test_smoke_run skips a recipe, by name: it cannot run here (missing_pieces), or, by default, no feature
+    (smoke_features) that an earlier recipe did not bring (all run with SCALE_ALL_RECIPES=1)."""
+    covered, skips = set(), {}
     run_all = os.environ.get(ALL_RECIPES_ENV) == "1"
     for path in list_recipes():
         cfg = load_recipe(str(path))
-        if missing_pieces(cfg):
+        name = recipe_name(path)
+        if missing_pieces(cfg):  # one reason for all, one line of -ra's summary
+            skips[name] = "cannot smoke-run: needs a part not built yet (`scale recipes check` names it)"
             continue
-        name, features = recipe_name(path), smoke_features(cfg)
-        if features <= covered or name.startswith(TRAINED_ELSEWHERE):
-            marks = [
-                pytest.mark.slow_recipes,
-                pytest.mark.skipif(not run_all, reason=f"set {ALL_RECIPES_ENV}=1 to smoke-run every recipe"),
-            ]
-            params.append(pytest.param(name, marks=marks, id=name))
-        else:
-            params.append(pytest.param(name, id=name))
+        features = smoke_features(cfg)
+        if (features <= covered or name.startswith(TRAINED_ELSEWHERE)) and not run_all:
+            skips[name] = f"an earlier recipe covers its code paths: set {ALL_RECIPES_ENV}=1 to smoke-run every recipe"
         covered |= features
-    return params
+    return skips
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from scale.config.load import from_dict
 from scale.errors import UserError
 from scale.recipes.check import missing_pieces
 from scale.recipes.smoke import PER_RANK_BATCH, RANKS, smoke_overrides, smoke_run, tiny_model_name
-from tests.recipes.conftest import smoke_params
+from tests.recipes.conftest import smoke_params, smoke_skips
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
@@ -63,6 +63,8 @@ def test_smoke_shrink_keeps_code_path(name, tmp_path):
 
 @pytest.mark.parametrize("name", smoke_params())
 def test_smoke_run(name, smoke_data, tmp_path):
+    if name in smoke_skips():
+        pytest.skip(smoke_skips()[name])
     assert smoke_run(name, tmp_path, smoke_data) == 0
 
 
