@@ -15,6 +15,7 @@ The profiler adds overhead per op, so the window's step is not one of the timed 
 """
 
 import contextlib
+import os
 from pathlib import Path
 
 import torch
@@ -64,6 +65,9 @@ class MemoryTrace:
 
     def __enter__(self) -> "MemoryTrace":
         if not self.cuda:
+            # kineto, started by the first profiler, reads its log level then: on a machine without a GPU a CUDA
+            # build logs "ERROR: gpuGetDeviceCount failed" and its stages, noise in a CPU benchmark's output
+            os.environ.setdefault("KINETO_LOG_LEVEL", "5")
             self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             self.profiler.__enter__()
         return self
