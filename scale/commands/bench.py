@@ -277,11 +277,26 @@ PARSERS = {
 }
 
 
+def _options_sentence(parser: argparse.ArgumentParser, usage: str) -> str:
+    """A parser's options as one sentence of prose, for an epilog that the help formatter may re-wrap."""
+    options = []
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or "-h" in action.option_strings:
+            continue
+        metavar = "" if action.nargs == 0 else f" {action.metavar or action.dest.upper()}"
+        default = "" if action.default in (None, False, []) else f", default {action.default}"
+        options.append(f"{action.option_strings[-1]}{metavar} ({action.help}{default})")
+    return f"`{usage}` takes: " + "; ".join(options) + "."
+
+
 def register(sub) -> None:
     parser = sub.add_parser(
         "bench",
         help="throughput benchmarks: `scale bench RECIPE` (training steps), "
         "`scale bench data RECIPE`, `scale bench table NAME`, `scale bench ac RECIPE`, `scale bench host RECIPE`",
+        # the recipe benchmark's own options, which `target`'s REMAINDER would otherwise hide (issue 48 item 9)
+        epilog=_options_sentence(_train_parser(), "scale bench RECIPE [overrides]")
+        + f" The other benchmarks ({', '.join(BENCHES)}): `scale bench NAME --help` lists each one's options.",
     )
     parser.add_argument("target", help=f"a recipe, or one of: {', '.join(BENCHES)}")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of that benchmark")

@@ -36,3 +36,14 @@ def test_bench_override_after_an_option_reaches_the_recipe(capsys):
 def test_report_takes_run_directories_around_options(tmp_path):
     args = parse_args(build_parser(), ["report", "a", "--out", str(tmp_path), "b"])
     assert args.run_dirs == ["a", "b"] and args.out == str(tmp_path)
+
+
+def test_bench_help_lists_the_recipe_benchmarks_options(capsys):
+    """`scale bench --help` names the options of `scale bench RECIPE` (its REMAINDER argument hides them otherwise)
+    and how to get the other benchmarks' options."""
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in ("--steps STEPS", "--warmup WARMUP", "--synthetic-data", "--matrix KEY=V1,V2", "--json", "--nproc"):
+        assert option in text
+    assert "default 5" in text and "scale bench NAME --help" in text
