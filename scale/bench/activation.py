@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds over every setting")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per setting and round")
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed ones")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     return parser
 

@@ -170,14 +170,19 @@ def table_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scale bench table", description="the papers' cost tables, measured here")
     parser.add_argument("table", choices=sorted(TABLE_NAMES))
     parser.add_argument("overrides", nargs="*", help="section.key=value, applied to every row's recipe")
-    parser.add_argument("--scale", default="tiny", choices=("tiny", "full"))
+    parser.add_argument(
+        "--scale",
+        default="tiny",
+        choices=("tiny", "full"),
+        help="full: the recipes' real models (a GPU, or small batches on a CPU); tiny: the same rows on tiny models",
+    )
     parser.add_argument(
         "--batch",
         type=int,
         help="global batch of every row (default: the recipe's at full scale; at tiny scale kept when <= 16, else 4)",
     )
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per row")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
     parser.add_argument(
         "--rows", nargs="+", help="esvit9: only rows whose name ends with one of these, e.g. 'Swin-T bs8'"
     )

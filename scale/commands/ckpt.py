@@ -8,7 +8,7 @@ def register(sub) -> None:
     csub = parser.add_subparsers(dest="ckpt_command", required=True, metavar="ACTION")
     show = csub.add_parser("info", help="what a checkpoint holds, and every checkpoint of its run")
     show.add_argument("path", help="run directory, its checkpoints/ folder, or a step directory")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="print the listing as JSON")
     show.add_argument("--verify", action="store_true", help="match every file with its checksum (reads every byte)")
     show.set_defaults(func=cmd_info)
     exp = csub.add_parser("export", help="write a consolidated backbone state dict, or a timm / Hub folder")
@@ -23,7 +23,7 @@ def register(sub) -> None:
         default="safetensors",
         help="safetensors | torch (a file) | timm | hf (a folder timm loads: config.json, model.safetensors, model card)",
     )
-    exp.add_argument("--out", required=True)
+    exp.add_argument("--out", required=True, help="the file to write (a folder for --format timm|hf)")
     exp.add_argument(
         "--license",
         default="other",

@@ -5,7 +5,7 @@ def register(sub) -> None:
     parser = sub.add_parser("report", help="markdown table of paper numbers next to measured ones, with PNG plots")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (config.yaml, metrics.jsonl)")
     parser.add_argument("--out", default="report", help="output directory for report.md and the plots")
-    parser.add_argument("--title", default="scale report")
+    parser.add_argument("--title", default="scale report", help="the report's heading")
     parser.set_defaults(func=cmd_report)
 
 

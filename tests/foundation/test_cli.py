@@ -47,3 +47,20 @@ def test_bench_help_lists_the_recipe_benchmarks_options(capsys):
     for option in ("--steps STEPS", "--warmup WARMUP", "--synthetic-data", "--matrix KEY=V1,V2", "--json", "--nproc"):
         assert option in text
     assert "default 5" in text and "scale bench NAME --help" in text
+
+
+def test_every_option_of_every_command_has_a_help_text():
+    """Every option says what it does in `--help` (and so on the generated reference page), every benchmark's too."""
+    from scale.cli import _command_parser, command_parsers
+    from scale.commands.bench import PARSERS
+
+    parser = build_parser()
+    parsers = {" ".join(words): _command_parser(parser, list(words)) for words in command_parsers(parser)}
+    parsers |= {f"bench {name}": make() for name, make in PARSERS.items()}
+    bare = [
+        f"{name} {action.option_strings[-1]}"
+        for name, sub in parsers.items()
+        for action in sub._actions
+        if action.option_strings and not action.help and "-h" not in action.option_strings
+    ]
+    assert not bare, f"options without a help text: {', '.join(bare)}"
