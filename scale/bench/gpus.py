@@ -1,4 +1,4 @@
-"""Known GPU models for `scale plan --gpu NAME`: memory and the name scale.bench.flops.GPU_PEAK_TFLOPS knows them by.
+"""Known GPU models for `scale plan --gpu NAME`: memory and the name scale.bench.mfu.GPU_PEAK_TFLOPS knows them by.
 Import-light (the command's parser lists the names)."""
 
 # name -> (memory in GiB as torch.cuda reports it, peak-table name)

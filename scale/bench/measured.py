@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from scale.bench.flops import card_key
+from scale.bench.mfu import card_key
 from scale.errors import UserError
 
 MEASURED = Path(__file__).with_name("measured.yaml")
@@ -53,7 +53,7 @@ class Calibration:
 def calibrate(
     rows: list[dict], card: str, recipe: str, fam: tuple[str, str], precision: str, compile: bool, family_of
 ) -> Calibration:
-    """The MFU of the rows of this card (`card`: scale.bench.flops.card_key of the planned GPU) and precision
+    """The MFU of the rows of this card (`card`: scale.bench.mfu.card_key of the planned GPU) and precision
     that are closest to the recipe: the recipe itself, else its method and backbone, else its method; among those,
     the rows with the same compile setting if any; their median. `family_of(recipe name)`: a row's family."""
     same_card = [r for r in rows if card_key(r["card"]) == card and r["setting"]["precision"] == precision]

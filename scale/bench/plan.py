@@ -30,7 +30,7 @@ tests/bench/test_plan_network.py checks DDP, FSDP2 and HSDP against the collecti
 
 from dataclasses import dataclass, field, replace
 
-from scale.bench.flops import step_flops
+from scale.bench.mfu import step_flops
 from scale.bench.steptrace import StepTrace
 from scale.engine.kinds import SETTINGS
 from scale.errors import UserError
@@ -87,7 +87,7 @@ def state_bytes(
 
 
 def checkpointed(index: int, ac: str, every_n: int) -> bool:
-    """The blocks scale.engine.activation checkpoints: all (full) or every n-th from the first (every_n)."""
+    """The blocks scale.engine.activation_checkpointing checkpoints: all (full) or every n-th from the first (every_n)."""
     return ac == "full" or (ac == "every_n" and index % every_n == 0)
 
 

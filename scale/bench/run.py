@@ -11,7 +11,7 @@ Measured, per rank, then combined over ranks (the slowest rank's time, the large
 - communication: time inside collectives during the profiled step (scale.bench.memory), which overlaps phases;
 - peak memory: see scale.bench.memory (CUDA max allocated; CPU tracked tensor bytes and peak RSS);
 - per-rank bytes of parameters, gradients, optimizer state and teacher (`Engine.memory()`);
-- MFU: model FLOPs of the step (scale.bench.flops) / step time / peak FLOP/s of the devices;
+- MFU: model FLOPs of the step (scale.bench.mfu) / step time / peak FLOP/s of the devices;
 - compile time (engine.compile): the seconds torch.compile spent tracing and generating code in this setting, by
   dynamo's own clock (forward graphs in the warm-up step, backward graphs at its first backward); apart from the
   step time, which is measured after it. Each setting starts with empty dynamo caches, but inductor's on-disk cache
@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import calculate_time_spent
 
-from scale.bench.flops import device_peak, step_flops
 from scale.bench.memory import MemoryTrace
+from scale.bench.mfu import device_peak, step_flops
 from scale.bench.trace import trace_step
 from scale.data.synthetic import SyntheticLoader, crop_layout
 from scale.engine.base import no_phase

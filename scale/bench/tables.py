@@ -16,14 +16,14 @@ import json
 
 from omegaconf import OmegaConf
 
-from scale.bench.flops import step_flops
+from scale.bench.mfu import step_flops
 from scale.bench.run import bench_config
 from scale.bench.trace import trace_step
 from scale.config import load_recipe
 from scale.data.synthetic import IMAGENET_TRAIN
 from scale.errors import UserError
+from scale.models.complexity import count_macs
 from scale.models.config import ModelConfig
-from scale.models.flops import count_macs
 from scale.models.registry import build_backbone
 from scale.recipes.smoke import smoke_overrides
 

@@ -23,11 +23,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scale.bench.steptrace import TRACE_IMAGES, BlockCall, StepTrace, trace_config
 from scale.data.synthetic import SyntheticLoader
-from scale.engine.activation import part_blocks
+from scale.engine.activation_checkpointing import part_blocks
 from scale.engine.base import Engine
 from scale.engine.parallel import ParallelContext
 from scale.engine.params import named_parameters
-from scale.models.flops import _math_attention
+from scale.models.complexity import _math_attention
 from scale.optim import build_optimizer, param_groups
 
 CPU = torch.device("cpu")

@@ -4,7 +4,7 @@
   [--nproc N]`: real training steps (scale.bench.run), one table row per setting of the matrix (one axis per
   `--matrix`, or several short-key axes after one flag; a dotted override after it is an override, never an axis);
 - `scale bench data RECIPE [--workers N] [--images N] [--shards DIR | --photos] [--rate N]` measures the view
-  pipelines side by side (scale.data.bench);
+  pipelines side by side (scale.data.throughput);
 - `scale bench host RECIPE [overrides] [--steps N] [--json F]`: the host's share of one step by phase (scale.bench.host);
 - `scale bench table dino8|esvit9|mocov3-3 [--scale tiny|full] ...`: the papers' cost tables.
 The first word selects a benchmark from `BENCHES`; any other first word is a recipe.
@@ -62,7 +62,7 @@ def data_table(views_cfg, shards: str, args) -> list[str]:
     """The rows of `scale bench data`: per pipeline images/s, images/s per core and cores per GPU at --rate."""
     import os
 
-    from scale.data.bench import PIPELINES, bench_dali, bench_device, bench_views, dali_available
+    from scale.data.throughput import PIPELINES, bench_dali, bench_device, bench_views, dali_available
 
     result = bench_views(views_cfg, shards, workers=args.workers, images=args.images)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -199,7 +199,7 @@ def bench_table(argv: list[str]) -> int:
 
 
 def bench_ac(argv: list[str]) -> int:
-    from scale.bench.activation import main
+    from scale.bench.activation_memory import main
 
     return main(argv)
 
@@ -266,7 +266,7 @@ BENCHES = {"data": bench_data, "table": bench_table, "ckpt": bench_ckpt, "ac": b
 
 
 def _ac_parser() -> argparse.ArgumentParser:
-    from scale.bench.activation import parser
+    from scale.bench.activation_memory import parser
 
     return parser()
 

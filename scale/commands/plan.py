@@ -168,8 +168,8 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
         raise UserError("--gpu-mem, --bandwidth and --inter-bandwidth must be positive and --mfu in (0, 1]")
     if args.bandwidth <= 0 or args.inter_bandwidth <= 0:
         raise UserError("--gpu-mem, --bandwidth and --inter-bandwidth must be positive and --mfu in (0, 1]")
-    from scale.bench.flops import card_key, table_peak
     from scale.bench.measured import calibrate, family, load_rows
+    from scale.bench.mfu import card_key, table_peak
     from scale.bench.plan import hardware_mfu, predict
     from scale.bench.trace_cache import cached_trace
     from scale.launch.layout import launch_setting

@@ -4,7 +4,7 @@ torchtitan and DINOv3 compile (one graph per block, not the whole model).
 - What is compiled is each block's (and head's) `forward`, replaced on the instance: parameter names and state
   dict keys are unchanged, so checkpoints load whether compile is on or off. The engine's wrap comes after and its
   hooks (FSDP2's all-gather and reshard) run eagerly around the compiled forward; a checkpointed block's forward
-  (scale/engine/activation.py) is traced with its checkpoint inside. DeepSpeed ZeRO-3 hooks every layer inside a
+  (scale/engine/activation_checkpointing.py) is traced with its checkpoint inside. DeepSpeed ZeRO-3 hooks every layer inside a
   block, which dynamo cannot trace: the recipe check refuses that pair (scale/config/validate.py).
 - Static shapes (`dynamic=False`): each crop resolution (2 global + N local crops: one batch shape per group) gets
   its own specialised graph in the first step, and later steps reuse them, with no recompilation.
@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from scale.engine import torch_compat
-from scale.engine.activation import part_blocks
+from scale.engine.activation_checkpointing import part_blocks
 from scale.methods.base import Method
 
 # Dynamo keeps the graphs of one function's code together, whichever module calls it, and by default gives up

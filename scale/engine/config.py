@@ -15,9 +15,9 @@ class EngineConfig:
     # fp16: the dynamic loss scale starts at 2**loss_scale_power (halved after each overflow, which skips that
     # update). 16: torch's GradScaler default, which DINO and MoCo v3 use, and DeepSpeed's initial_scale_power
     loss_scale_power: int = within(16, 0, 32)
-    # none, full, every_n, selective: see scale/engine/activation.py
+    # none, full, every_n, selective: see scale/engine/activation_checkpointing.py
     activation_checkpointing: str = choice(
-        "none", listed_in("scale.engine.activation", "MODES", ("none", "full", "every_n", "selective"))
+        "none", listed_in("scale.engine.activation_checkpointing", "MODES", ("none", "full", "every_n", "selective"))
     )
     # activation_checkpointing every_n: checkpoint every n-th block
     ac_every_n: int = at_least(2, 1)

@@ -21,7 +21,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from scale.engine.activation import part_blocks
+from scale.engine.activation_checkpointing import part_blocks
 from scale.engine.ema import copy_student_to_teacher
 from scale.engine.materialize import materialize
 from scale.engine.torch_engine import TorchEngine

@@ -2,7 +2,7 @@
 order the large-scale trainers use (torchtitan, DINOv3):
 
 1. module conversions (scale.engine.convert): BatchNorm -> SyncBatchNorm across GPUs, the CPU bf16 conv guard;
-2. activation checkpointing of the student's transformer blocks (scale.engine.activation);
+2. activation checkpointing of the student's transformer blocks (scale.engine.activation_checkpointing);
 3. torch.compile of each block and head of the student and teacher, when engine.compile (scale.engine.compile);
 4. the wrap, the engine's own call: DDP, FSDP2's `fully_shard` per block, part and root, or `deepspeed.initialize`.
 
@@ -14,7 +14,7 @@ the compiled forward, and DDP sees one module tree.
 
 from collections.abc import Callable
 
-from scale.engine.activation import apply_activation_checkpointing
+from scale.engine.activation_checkpointing import apply_activation_checkpointing
 from scale.engine.compile import apply_compile
 from scale.engine.convert import convert_modules
 from scale.engine.parallel import ParallelContext

@@ -16,7 +16,7 @@ import torch.nn as nn
 from scale.checkpoint.safe_load import why_not_loaded
 from scale.data.batch import Batch
 from scale.errors import UserError
-from scale.watch.knn import gather_rows
+from scale.watch.weighted_knn import gather_rows
 
 FORMAT = "scale-features-1"
 FeatureFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]

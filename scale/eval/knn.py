@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from scale.data.evaluation import dataset_info
 from scale.errors import UserError
 from scale.eval import features as feats
-from scale.watch.knn import nearest, vote
+from scale.watch.weighted_knn import nearest, vote
 
 
 def check_labels(labels: torch.Tensor, what: str) -> None:

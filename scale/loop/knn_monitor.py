@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from scale.errors import UserError
 from scale.methods.distributed import active
-from scale.watch.knn import gather_rows, nearest, vote
+from scale.watch.weighted_knn import gather_rows, nearest, vote
 
 
 class KnnMonitor:

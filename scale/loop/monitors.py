@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from scale.loop.knn_monitor import KnnMonitor
-from scale.methods.monitors import GradSpikeDetector
+from scale.methods.grad_spikes import GradSpikeDetector
 from scale.watch.collapse import embedding_std
 from scale.watch.probe import OnlineProbe
 

@@ -8,8 +8,8 @@ from omegaconf import OmegaConf
 
 from scale.config import list_recipes, load_recipe, recipe_name
 from scale.errors import UserError
+from scale.models.complexity import count_forward, count_params
 from scale.models.config import ModelConfig
-from scale.models.flops import count_forward, count_params
 from scale.models.registry import build_backbone
 
 # the four papers' backbones: name[/patch][/wWINDOW][/hHEADS]

@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from scale.bench.activation import format_rows as format_activation_rows
-from scale.bench.activation import table as activation_table
-from scale.bench.flops import mfu, step_flops, table_peak
+from scale.bench.activation_memory import format_rows as format_activation_rows
+from scale.bench.activation_memory import table as activation_table
 from scale.bench.matrix import crop_overrides, format_table, load_setting, parse_matrix, setting_overrides, split_axes
 from scale.bench.memory import union_seconds
+from scale.bench.mfu import mfu, step_flops, table_peak
 from scale.bench.tables import IMAGENET_TRAIN, hours, scaled
 from scale.bench.trace import trace_step
 from scale.commands.bench import _train_parser
@@ -18,8 +18,8 @@ from scale.data.prefetch import prefetch_to_device
 from scale.data.synthetic import SyntheticLoader, crop_layout, random_batch
 from scale.errors import UserError
 from scale.loop.step import TrainStep
+from scale.models.complexity import count_macs
 from scale.models.config import ModelConfig
-from scale.models.flops import count_macs
 from scale.models.registry import build_backbone
 
 TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))

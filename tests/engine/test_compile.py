@@ -13,7 +13,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 from torch._dynamo.utils import counters
 
-from scale.engine.activation import Checkpointed, apply_activation_checkpointing
+from scale.engine.activation_checkpointing import Checkpointed, apply_activation_checkpointing
 from scale.engine.compile import apply_compile, compile_forward, compile_net
 from scale.models import build_backbone
 from scale.models.config import ModelConfig

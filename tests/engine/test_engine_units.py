@@ -10,7 +10,7 @@ from engine_toy import ToyMethod, context, make_batch, optim_config
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scale.engine.activation import apply_activation_checkpointing, blocks_to_checkpoint
+from scale.engine.activation_checkpointing import apply_activation_checkpointing, blocks_to_checkpoint
 from scale.engine.clip import clip_gradients
 from scale.engine.config import EngineConfig
 from scale.engine.factory import build_engine

@@ -14,7 +14,7 @@ from engine_toy import spawn
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from scale.engine.activation import apply_activation_checkpointing
+from scale.engine.activation_checkpointing import apply_activation_checkpointing
 from scale.engine.fsdp import FSDPEngine, ShardedScaler
 from scale.engine.precision import Precision
 from scale.models.vit import ViT

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from scale.errors import UserError
 from scale.eval.knn import knn_eval, knn_predict
 from scale.loop.knn_monitor import KnnMonitor
-from scale.watch.knn import nearest
+from scale.watch.weighted_knn import nearest
 
 
 def brute_force_votes(train, train_labels, queries, k, temperature, num_classes):

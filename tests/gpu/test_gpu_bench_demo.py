@@ -1,5 +1,5 @@
 """`scale bench` on CUDA reports the CUDA allocator's peak memory and MFU against the GPU's datasheet peak
-(scale.bench.flops, measured for GPUs it does not know), and `scale demo` finishes on one GPU."""
+(scale.bench.mfu, measured for GPUs it does not know), and `scale demo` finishes on one GPU."""
 
 import json
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 import torch
 from gpu_env import SELF_CHECK, require_cuda
 
-from scale.bench.flops import table_peak
+from scale.bench.mfu import table_peak
 from scale.demo import run_demo
 from scale.launch.local import fresh_environment
 

@@ -27,8 +27,8 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 from torch.utils.checkpoint import CheckpointPolicy
 
-from scale.engine import activation
-from scale.engine.activation import apply_activation_checkpointing
+from scale.engine import activation_checkpointing as activation
+from scale.engine.activation_checkpointing import apply_activation_checkpointing
 from scale.engine.compile import compile_net
 
 pytestmark = pytest.mark.gpu

@@ -16,10 +16,10 @@ from gpu_env import SELF_CHECK, require_cuda
 pytest.importorskip("nvidia.dali", reason="DALI not installed (pip install 'scale[dali]')")
 
 from scale.data import embedded  # noqa: E402
-from scale.data.bench import bench_dali, bench_views  # noqa: E402
 from scale.data.dali.loader import DaliLoader, sample_key  # noqa: E402
 from scale.data.dali.pipeline import PARAMS, build_pipeline  # noqa: E402
 from scale.data.spec import LoaderSpec  # noqa: E402
+from scale.data.throughput import bench_dali, bench_views  # noqa: E402
 from scale.data.views import decode_rgb, resize_crop  # noqa: E402
 from tests.data.helpers import tiny_cfg  # noqa: E402
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from scale.methods.monitors import GradSpikeDetector, layer_grad_norms, layer_name
+from scale.methods.grad_spikes import GradSpikeDetector, layer_grad_norms, layer_name
 
 
 def test_layer_names():

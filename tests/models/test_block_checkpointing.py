@@ -1,4 +1,4 @@
-"""Activation checkpointing as scale applies it (scale.engine.activation, torch's composable `checkpoint` on the
+"""Activation checkpointing as scale applies it (scale.engine.activation_checkpointing, torch's composable `checkpoint` on the
 backbone's block_modules()): the chosen blocks run their forward again in the backward, the others do not, and
 outputs and gradients are those of the plain model."""
 
@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from scale.engine.activation import apply_activation_checkpointing
+from scale.engine.activation_checkpointing import apply_activation_checkpointing
 from scale.models import build_backbone
 from scale.models.config import ModelConfig
 

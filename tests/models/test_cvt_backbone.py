@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from scale.models import build_backbone
+from scale.models.complexity import count_macs, count_params
 from scale.models.config import ModelConfig
 from scale.models.cvt import ConvAttention
-from scale.models.flops import count_macs, count_params
 
 IN1K_HEAD = lambda dim: (dim + 1) * 1000  # noqa: E731  (CvT-13's 20M include its ImageNet-1K classifier)
 

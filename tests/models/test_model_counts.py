@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from scale.models import build_backbone
+from scale.models.complexity import count_macs, count_params
 from scale.models.config import ModelConfig
-from scale.models.flops import count_macs, count_params
 from scale.models.table import parse_spec, table
 
 

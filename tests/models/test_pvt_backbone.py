@@ -6,8 +6,8 @@ import torch
 
 from scale.errors import UserError
 from scale.models import build_backbone
+from scale.models.complexity import count_params
 from scale.models.config import ModelConfig
-from scale.models.flops import count_params
 from scale.models.staged import MapAttention
 
 

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from scale.models import build_backbone, init_weights
+from scale.models.complexity import count_macs, count_params
 from scale.models.config import ModelConfig
-from scale.models.flops import count_macs, count_params
 from scale.models.t2t import TokenPerformer
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from scale.models import build_backbone
+from scale.models.complexity import count_params
 from scale.models.config import ModelConfig
-from scale.models.flops import count_params
 from scale.models.staged import MapAttention
 from scale.models.vil import LongformerAttention
 
