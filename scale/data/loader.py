@@ -56,6 +56,7 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset
 
 from scale.data.batch import Batch
+from scale.data.loader_protocol import BatchLoader
 from scale.data.photometric import Photometric, resolve
 from scale.data.shards.read import read_index, read_manifest
 from scale.data.spec import LoaderSpec
@@ -382,7 +383,7 @@ def worker_count(wanted: int, what: str) -> int:
     return cpus
 
 
-class Loader:
+class Loader(BatchLoader):
     reads_ahead = False  # scale.data.prefetch copies its batches to a GPU ahead of the step
 
     def __init__(self, spec: LoaderSpec):

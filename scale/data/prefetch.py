@@ -1,7 +1,7 @@
 """Batches on the GPU before the step asks for them (data.prefetch_to_device, on by default; CUDA only).
 
 `prefetch_to_device` returns the loader itself on a CPU (nothing to copy), when switched off, for a loader that
-reads ahead by itself (DALI) or whose batches are on the device already (the bench's synthetic batch). Otherwise a `DevicePrefetcher`: the loader's interface, whose iteration yields each
+reads ahead by itself (DALI) or whose batches are on the device already (the bench's synthetic batch). Otherwise a `DevicePrefetcher`: a loader itself (scale/data/loader_protocol.py), whose iteration yields each
 batch already on the device while the copy of the next one, from pinned host memory (the loader's DataLoader pins
 on CUDA), runs on a side stream and overlaps the step.
 
@@ -22,16 +22,16 @@ from collections.abc import Callable, Iterator
 import torch
 
 from scale.data.batch import Batch
+from scale.data.loader_protocol import BatchLoader
 
 STATE_READERS = ("state_dict", "counters", "metrics")  # what the checkpointer and the logs read from a loader
-# how a batch taken ahead is given back: each recorded state that the loader can load (a loader without state, as
-# the bench's SyntheticLoader, has nothing to give back)
+# how a batch taken ahead is given back: each recorded state that the loader loads
 STATE_WRITERS = {"state_dict": "load_state_dict", "counters": "load_counters"}
 
 Copy = Callable[[Batch], Callable[[], Batch]]  # starts a batch's copy; the returned call hands it over, ready
 
 
-def prefetch_to_device(loader, device: torch.device, enabled: bool, check: Callable[[Batch], None]):
+def prefetch_to_device(loader: BatchLoader, device: torch.device, enabled: bool, check: Callable[[Batch], None]):
     """`check` runs on each batch on the host, before its copy (Method.check_batch: a check on the device would make
     the host wait)."""
     if device.type != "cuda" or not enabled or getattr(loader, "reads_ahead", False):
@@ -61,11 +61,11 @@ class CudaCopy:
         return ready
 
 
-class DevicePrefetcher:
+class DevicePrefetcher(BatchLoader):
     """`loader` with the next batch checked (`check`) and its copy (`copy`) started before the current batch is
     yielded."""
 
-    def __init__(self, loader, copy: Copy, check: Callable[[Batch], None]):
+    def __init__(self, loader: BatchLoader, copy: Copy, check: Callable[[Batch], None]):
         self.loader, self.copy, self.check = loader, copy, check
         self.steps_per_epoch = loader.steps_per_epoch
         self._consumed: dict | None = None  # the loader's state before the batch ahead was taken; None: none ahead
@@ -77,8 +77,7 @@ class DevicePrefetcher:
         """The rest of the current epoch, as the loader yields it."""
         if self._consumed is not None:  # an earlier iteration stopped with a batch ahead: give it back
             for reader, writer in STATE_WRITERS.items():
-                if reader in self._consumed:
-                    getattr(self.loader, writer)(self._consumed[reader])
+                getattr(self.loader, writer)(self._consumed[reader])
             self._consumed = None
         batches = iter(self.loader)
         ahead = self._take(batches)
@@ -96,7 +95,7 @@ class DevicePrefetcher:
         return self.copy(batch)
 
     def _snapshot(self) -> dict:
-        return {name: getattr(self.loader, name)() for name in STATE_READERS if hasattr(self.loader, name)}
+        return {name: getattr(self.loader, name)() for name in STATE_READERS}
 
     def _read(self, name: str) -> dict:
         return self._consumed[name] if self._consumed is not None else getattr(self.loader, name)()

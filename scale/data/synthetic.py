@@ -3,6 +3,7 @@
 import torch
 
 from scale.data.batch import Batch
+from scale.data.loader_protocol import BatchLoader
 from scale.data.views import CropViews
 from scale.errors import UserError
 
@@ -28,8 +29,8 @@ def random_batch(cfg, images: int, generator: torch.Generator | None = None) -> 
     return Batch(crops, [n for n, _ in layout], labels, [f"synthetic-{i}" for i in range(images)])
 
 
-class SyntheticLoader:
-    """The Loader interface the training loop uses, yielding one fixed random batch per step. With a `device` the
+class SyntheticLoader(BatchLoader):
+    """The loader protocol (scale/data/loader_protocol.py), yielding one fixed random batch per step. With a `device` the
     batch is made once and kept there (`on_device`): a step then copies nothing, where a host batch would be a
     pageable fp32 copy per step, which no real loader makes (they pin uint8 crops); the step skips its host check
     too (the batch is valid by construction)."""
@@ -44,6 +45,9 @@ class SyntheticLoader:
             self.batch = self.batch.to(device)
         samples = cfg.train.samples_per_epoch or IMAGENET_TRAIN
         self.steps_per_epoch = max(1, samples // cfg.train.global_batch)
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
 
     def __iter__(self):
         for _ in range(self.steps_per_epoch):

@@ -87,19 +87,3 @@ def test_the_dataloader_pins_every_tensor_of_a_batch(tmp_path, monkeypatch):
     out, errors = dataloader_pin((batch, []))  # what DataLoader(pin_memory=True) runs on each (batch, errors)
     assert isinstance(out, Batch) and same(out, batch) and errors == []
     assert {id(t) for t in pinned} == {id(t) for t in (*batch.crops, batch.labels)}
-
-
-def test_a_loader_without_state_is_iterated_again_with_a_batch_ahead():
-    class Stateless:  # the bench's SyntheticLoader: batches and metrics, no position or counters
-        steps_per_epoch = 3
-
-        def __iter__(self):
-            return (Batch([torch.full((1, 3, 2, 2), float(i))], [1], torch.zeros(1)) for i in range(3))
-
-        def metrics(self) -> dict:
-            return {}
-
-    prefetcher = DevicePrefetcher(Stateless(), identity, lambda b: None)
-    next(iter(prefetcher))  # batch 1 is ahead
-    assert [b.crops[0][0, 0, 0, 0].item() for b in prefetcher] == [0.0, 1.0, 2.0]
-    assert prefetcher.metrics() == {}

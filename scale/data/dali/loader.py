@@ -1,4 +1,4 @@
-"""DaliLoader: the loader interface of scale/data/loader.py (steps_per_epoch, iteration yielding Batch, state_dict /
+"""DaliLoader: the loader protocol (scale/data/loader_protocol.py; steps_per_epoch, iteration yielding Batch, state_dict /
 load_state_dict, metrics) over one DALI pipeline per rank.
 
 Order. DALI's webdataset reader splits the samples into world_size contiguous parts (rank r reads part r; the tar
