@@ -1,5 +1,5 @@
 """The `scale` command. Each sub-command lives in scale/commands/<name>.py and is found here by its module name
-(a module whose name starts with `_` serves one: _finetune.py is the body of `scale eval finetune`)."""
+(a module whose name starts with `_` serves one and is no command)."""
 
 import argparse
 import faulthandler

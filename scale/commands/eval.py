@@ -123,7 +123,7 @@ def cmd_eval(args) -> int:
 
 
 def _finetune(args, cfg) -> int:
-    from scale.commands import _finetune as finetune
+    from scale.loop import finetune
     from scale.loop.rundir import write_json
 
     overrides = list(args.overrides) + ([f"model.name={args.model}"] if args.model else [])
