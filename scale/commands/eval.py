@@ -1,25 +1,9 @@
 """scale eval knn|linear|logreg|correspondence|finetune|video-segmentation|retrieval|copy-detection RECIPE [overrides]
 (--weights FILE | --random-init)"""
 
-from __future__ import annotations
-
 import argparse
 
 from scale.commands import process_count
-
-
-# rich is imported when a table is printed, not when the parser is built (`scale --help` stays light)
-def Table(*columns, **options):  # noqa: N802  (stands for rich.table.Table)
-    from rich.table import Table
-
-    return Table(*columns, **options)
-
-
-def Console(**options):  # noqa: N802  (stands for rich.console.Console)
-    from rich.console import Console
-
-    return Console(**options)
-
 
 HELP = {
     "knn": "weighted k-NN of data.val against data.train (DINO protocol)",
@@ -36,6 +20,7 @@ def register(sub) -> None:
     for kind, text in HELP.items():
         child = esub.add_parser(kind, help=text, description=text)
         _common(child, kind)
+        common = _dests(child)
         if kind == "knn":
             child.add_argument("--save-features", metavar="FILE", help="save the train/val features (rank 0)")
             child.add_argument("--load-features", metavar="FILE", help="use features saved earlier; no backbone run")
@@ -54,8 +39,13 @@ def register(sub) -> None:
                 "--run-dir",
                 help="the training run (default runs/finetune/<recipe>); an existing one continues from its checkpoint",
             )
-        child.set_defaults(func=cmd_eval, eval_kind=kind, parser=child)
+        child.set_defaults(func=cmd_eval, eval_kind=kind, parser=child, options=_dests(child) - common)
     _register_protocols(esub)
+
+
+def _dests(parser: argparse.ArgumentParser) -> set[str]:
+    """The names of a parser's arguments (those a kind adds to the common ones are its options)."""
+    return {action.dest for action in parser._actions}
 
 
 def _common(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -94,145 +84,21 @@ def argv_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[s
 
 
 def cmd_eval(args) -> int:
-    from scale.engine.dist import init_distributed, shutdown
-    from scale.errors import UserError
-    from scale.eval.session import build_config, open_session
-    from scale.launch.local import already_launched, spawn
-    from scale.loop.rundir import setup_logging, write_json
+    from scale.evaluate import evaluate
 
-    cfg = build_config(args.recipe, args.overrides, args.model)  # validate before spawning anything
-    if args.eval_kind == "knn" and not (args.weights or args.random_init or args.load_features):
-        raise UserError("scale eval knn: give --weights FILE, --random-init or --load-features FILE")
-    if args.eval_kind == "finetune":
-        return _finetune(args, cfg)
-    suite = _suite(args) if args.eval_kind == "logreg" else None
-    if args.nproc > 1 and not already_launched():
-        return spawn(args.nproc, argv_of(args.parser, args))
-    info, device = init_distributed()
-    setup_logging(None, info.rank)
-    try:
-        session = open_session(cfg, info, device, args.weights)
-        result = _run(args, session, suite)
-        if info.is_main:
-            path = write_json(args.out or f"eval/{args.eval_kind}.json", result)
-            Console().print(TABLES[args.eval_kind](result))
-            print(f"wrote {path}")
-    finally:
-        shutdown()
-    return 0
-
-
-def _finetune(args, cfg) -> int:
-    from scale.loop import finetune
-    from scale.loop.rundir import write_json
-
-    overrides = list(args.overrides) + ([f"model.name={args.model}"] if args.model else [])
-    result = finetune.run(cfg, args.recipe, overrides, args.weights, args.run_dir, args.nproc)
-    if isinstance(result, int):
-        return result
-    path = write_json(args.out or "eval/finetune.json", result)
-    Console().print(finetune_table(result))
-    print(f"wrote {path}")
-    return 0
-
-
-def _suite(args) -> list[dict]:
-    from scale.errors import UserError
-    from scale.eval.logreg import parse_dataset_arg, read_reference, read_suite
-
-    suite = (read_suite(args.suite) if args.suite else []) + [parse_dataset_arg(d) for d in args.dataset]
-    if not suite:
-        raise UserError("scale eval logreg: give --suite YAML or at least one --dataset ROOT")
-    names = [entry["name"] for entry in suite]
-    if len(set(names)) != len(names):
-        raise UserError(f"scale eval logreg: data set names must be unique, got {names}")
-    if args.reference:
-        read_reference(args.reference)  # fail before the features are extracted
-    return suite
-
-
-def _run(args, session, suite) -> dict:
-    from scale.eval import correspondence, knn, linear, logreg
-
-    if args.eval_kind == "knn":
-        return knn.run(session, args.save_features, args.load_features)
-    if args.eval_kind == "linear":
-        return linear.run(session)
-    if args.eval_kind == "logreg":
-        return logreg.run(session, suite, args.reference)
-    return correspondence.run(session)
-
-
-def _title(result: dict) -> str:
-    weights = "random init" if result["random_init"] else result["weights"]
-    return f"{result['eval']}: {result['model']} ({weights})"
-
-
-def knn_table(result: dict) -> Table:
-    table = Table("k", "top-1 (%)", "top-5 (%)", title=_title(result))
-    for k, acc in result["per_k"].items():
-        table.add_row(k, f"{acc['top1']:.2f}", f"{acc['top5']:.2f}")
-    return table
-
-
-def linear_table(result: dict) -> Table:
-    table = Table("lr (per 256)", "lr", "val top-1 (%)", "test top-1 (%)", "", title=_title(result))
-    for i, (base, lr) in enumerate(zip(result["base_lrs"], result["lrs"])):
-        table.add_row(
-            f"{base:g}",
-            f"{lr:g}",
-            f"{result['val_top1'][i]:.2f}",
-            f"{result['test_top1_all'][i]:.2f}",
-            "chosen" if i == result["best_index"] else "",
-        )
-    return table
-
-
-def logreg_table(result: dict) -> Table:
-    reference = result.get("reference", {}).get("per_dataset", {})
-    table = Table("data set", "metric", "score", "lambda", "reference", title=_title(result))
-    for name, entry in result["datasets"].items():
-        ref = reference.get(name, {}).get("reference")
-        table.add_row(
-            name,
-            entry["metric"],
-            f"{entry['score']:.2f}",
-            f"{entry['best_lambda']:.3g}",
-            "" if ref is None else f"{ref:.2f}",
-        )
-    footer = f"{result['average']:.2f}"
-    if "reference" in result:
-        footer += f" (wins {result['reference']['wins']}/{result['reference']['compared']})"
-    table.add_row("average", "", footer, "", "")
-    return table
-
-
-def correspondence_table(result: dict) -> Table:
-    table = Table("images", "top", "accuracy (%)", "distance error (px)", "similarity", title=_title(result))
-    table.add_row(
-        str(result["images"]),
-        str(result["top"]),
-        f"{result['accuracy']:.2f}",
-        f"{result['distance_error_px']:.2f}",
-        f"{result['similarity']:.3f}",
+    options = {dest: getattr(args, dest) for dest in args.options}
+    return evaluate(
+        args.eval_kind,
+        args.recipe,
+        args.overrides,
+        args.model,
+        args.weights,
+        args.out,
+        args.nproc,
+        argv_of(args.parser, args),
+        random_init=args.random_init,
+        **options,
     )
-    return table
-
-
-def finetune_table(result: dict) -> Table:
-    table = Table("epoch", "step", "val top-1 (%)", "val top-5 (%)", title=_title(result))
-    for row in result["history"]:
-        table.add_row(f"{row['epoch']:g}", str(row["step"]), f"{row['top1']:.2f}", f"{row['top5']:.2f}")
-    return table
-
-
-TABLES = {
-    "knn": knn_table,
-    "linear": linear_table,
-    "logreg": logreg_table,
-    "correspondence": correspondence_table,
-    "finetune": finetune_table,
-}
 
 
 # Dense and retrieval protocols of DINO Tables 3-5: one process, data sets in their own published layouts.
@@ -255,7 +121,7 @@ def _register_protocols(esub) -> None:
         child.add_argument("--model", help="backbone name (overrides model.name)")
         child.add_argument("--out", help=f"result JSON (default eval/{kind.replace('-', '_')}.json)")
         child.add_argument("--run-dir", help=RUN_DIR_HELP)
-        child.set_defaults(func=cmd_protocol, eval_kind=kind)
+        common = _dests(child)
         if kind == "video-segmentation":
             child.add_argument(
                 "--davis", required=True, metavar="ROOT", help="DAVIS 2017 root (see docs/how-to/evaluate.md)"
@@ -289,132 +155,13 @@ def _register_protocols(esub) -> None:
             )
             child.add_argument("--imsize", type=int, default=224, help="square input side (DINO: 224 /16, 320 /8)")
             child.add_argument("--top", type=int, default=20, help="results per query the AP reads (DINO: 20)")
+        child.set_defaults(func=cmd_protocol, eval_kind=kind, settings=_dests(child) - common)
 
 
 def cmd_protocol(args) -> int:
-    import torch
+    from scale.evaluate import protocol
 
-    from scale.checkpoint.weights import load_backbone
-    from scale.eval.session import build_config
-    from scale.loop.rundir import write_json
-
-    cfg = build_config(args.recipe, args.overrides, args.model)
-    run = _protocol_runner(args)  # reads the data set layout before the backbone is built
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(cfg.train.seed)
-    backbone = load_backbone(cfg.model, args.weights, device)
-    result = {
-        "eval": args.eval_kind,
-        "model": cfg.model.name,
-        "weights": args.weights,
-        "random_init": args.weights is None,
-        **run(backbone, list(cfg.data.views.mean), _std(args, cfg), device),
-    }
-    stem = args.eval_kind.replace("-", "_") + (f"_{args.dataset}" if args.eval_kind == "retrieval" else "")
-    path = write_json(result_path(args.out, args.run_dir, cfg, stem), result)
-    Console().print(PROTOCOL_TABLES[args.eval_kind](result))
-    print(f"wrote {path}")
-    return 0
-
-
-def _std(args, cfg) -> list[float]:
-    """The normalisation std of the protocol's official script: eval.video_std for DAVIS, else the recipe's."""
-    return list(cfg.eval.video_std if args.eval_kind == "video-segmentation" else cfg.data.views.std)
-
-
-def result_path(out: str | None, run_dir: str | None, cfg, stem: str):
-    """--out; else <run_dir>/eval/<stem>.json, the run directory getting the recipe so that `scale report` reads
-    the paper's numbers next to the result; else eval/<stem>.json."""
-    from pathlib import Path
-
-    from scale.loop.rundir import RunDir
-
-    if out:
-        return Path(out)
-    if run_dir is None:
-        return Path("eval") / f"{stem}.json"
-    run = RunDir(run_dir)
-    run.root.mkdir(parents=True, exist_ok=True)
-    if not run.config.exists():
-        run.write_config(cfg)
-    return run.root / "eval" / f"{stem}.json"
-
-
-def _protocol_runner(args):
-    """A function (backbone, mean, std, device) -> result fields, with the data set already checked."""
-    from pathlib import Path
-
-    if args.eval_kind == "video-segmentation":
-        from scale.eval import video_segmentation as vos
-
-        videos = vos.read_davis(args.davis, args.split, args.max_videos)
-        settings = {
-            "n_last_frames": args.n_last_frames,
-            "neighbourhood": args.neighbourhood,
-            "topk": args.topk,
-            "short_side": args.short_side,
-        }
-        masks = Path(args.save_masks) if args.save_masks else None
-        return lambda backbone, mean, std, device: {
-            "davis": args.davis,
-            **vos.evaluate(backbone, videos, settings, mean, std, device, masks),
-        }
-    if args.eval_kind == "retrieval":
-        from scale.eval import retrieval
-
-        data = retrieval.read_revisited(args.data, args.dataset)
-        return lambda backbone, mean, std, device: retrieval.evaluate(
-            backbone, data, args.imsize, args.multiscale, args.query_crop, mean, std, device
-        )
-    if args.eval_kind == "copy-detection":
-        from scale.eval import copy_detection
-
-        data = copy_detection.read_inputs(args.copydays, args.distractors, args.whitening)
-        return lambda backbone, mean, std, device: {
-            "copydays": args.copydays,
-            **copy_detection.evaluate(backbone, data, args.imsize, args.top, mean, std, device),
-        }
-    raise AssertionError(args.eval_kind)
-
-
-def video_segmentation_table(result: dict) -> Table:
-    table = Table("videos", "objects", "J&F mean", "J mean", "F mean", title=_title(result))
-    table.add_row(
-        str(len(result["videos"])),
-        str(result["objects"]),
-        f"{result['jf_mean']:.1f}",
-        f"{result['j_mean']:.1f}",
-        f"{result['f_mean']:.1f}",
+    settings = {dest: getattr(args, dest) for dest in args.settings}
+    return protocol(
+        args.eval_kind, args.recipe, args.overrides, args.model, args.weights, args.out, args.run_dir, settings
     )
-    return table
-
-
-def retrieval_table(result: dict) -> Table:
-    table = Table("data set", "images", "queries", "mAP Medium", "mAP Hard", title=_title(result))
-    table.add_row(
-        result["dataset"],
-        str(result["images"]),
-        str(result["queries"]),
-        f"{result['medium_map']:.1f}",
-        f"{result['hard_map']:.1f}",
-    )
-    return table
-
-
-def copy_detection_table(result: dict) -> Table:
-    table = Table("queries", "originals", "distractors", "whitening images", "mAP strong", title=_title(result))
-    table.add_row(
-        str(result["queries"]),
-        str(result["originals"]),
-        str(result["distractors"]),
-        str(result["whitening_images"]),
-        f"{result['strong_map']:.1f}",
-    )
-    return table
-
-
-PROTOCOL_TABLES = {
-    "video-segmentation": video_segmentation_table,
-    "retrieval": retrieval_table,
-    "copy-detection": copy_detection_table,
-}

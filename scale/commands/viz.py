@@ -82,9 +82,9 @@ def load_backbones(args) -> tuple[object, dict]:
 
 
 def cmd_attention(args) -> int:
-    from scale.commands.eval import result_path
     from scale.errors import UserError
     from scale.eval import voc
+    from scale.evaluate import result_path
     from scale.loop.rundir import write_json
     from scale.viz.attention import check_keep, check_vit
     from scale.viz.figures import attention_picture
