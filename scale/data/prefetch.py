@@ -1,9 +1,10 @@
 """Batches on the GPU before the step asks for them (data.prefetch_to_device, on by default; CUDA only).
 
 `prefetch_to_device` returns the loader itself on a CPU (nothing to copy), when switched off, for a loader that
-reads ahead by itself (DALI) or whose batches are on the device already (the bench's synthetic batch). Otherwise a `DevicePrefetcher`: a loader itself (scale/data/loader_protocol.py), whose iteration yields each
-batch already on the device while the copy of the next one, from pinned host memory (the loader's DataLoader pins
-on CUDA), runs on a side stream and overlaps the step.
+reads ahead by itself (DALI) or whose batches are on the device already (the bench's synthetic batch). Otherwise a
+`DevicePrefetcher`, a loader itself (scale/data/loader_protocol.py), whose iteration yields each batch already on
+the device while the copy of the next one, from pinned host memory (the loader's DataLoader pins on CUDA), runs on a
+side stream and overlaps the step.
 
 Position. To start the copy of batch k+1 early, the prefetcher takes it from the loader before batch k is used,
 which moves the loader's position and counters one batch ahead. So while a batch is ahead it reports the loader's

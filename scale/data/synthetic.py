@@ -30,10 +30,10 @@ def random_batch(cfg, images: int, generator: torch.Generator | None = None) -> 
 
 
 class SyntheticLoader(BatchLoader):
-    """The loader protocol (scale/data/loader_protocol.py), yielding one fixed random batch per step. With a `device` the
-    batch is made once and kept there (`on_device`): a step then copies nothing, where a host batch would be a
-    pageable fp32 copy per step, which no real loader makes (they pin uint8 crops); the step skips its host check
-    too (the batch is valid by construction)."""
+    """A loader (scale/data/loader_protocol.py) yielding one fixed random batch per step. With a `device` the batch
+    is made once and kept there (`on_device`): a step then copies nothing, where a host batch would be a pageable
+    fp32 copy per step, which no real loader makes (they pin uint8 crops); the step skips its host check too (the
+    batch is valid by construction)."""
 
     def __init__(self, cfg, rank: int, world_size: int, device: torch.device | None = None):
         if cfg.train.global_batch % world_size:

@@ -2,7 +2,7 @@
 
 - index.py: DALI's index files, part of the shard directory (written without DALI, by `scale shards build` too).
 - pipeline.py: the DALI graph (reader sharded by rank, one decode, one chain per view).
-- loader.py: DaliLoader, the loader interface of scale/data/loader.py over that pipeline.
+- loader.py: DaliLoader, a Loader (the loader protocol, scale/data/loader_protocol.py) over that pipeline.
 
 Device: `data.dali_device` auto (the GPU when CUDA is available, else the CPU), gpu (fails without a GPU) or cpu
 (every op on the CPU, `device_id=None`; what the tests run).

@@ -1,5 +1,5 @@
-"""DaliLoader: the loader protocol (scale/data/loader_protocol.py; steps_per_epoch, iteration yielding Batch, state_dict /
-load_state_dict, metrics) over one DALI pipeline per rank.
+"""DaliLoader: the loader protocol (scale/data/loader_protocol.py: steps_per_epoch, iteration yielding Batch,
+state_dict / load_state_dict, counters, metrics) over one DALI pipeline per rank.
 
 Order. DALI's webdataset reader splits the samples into world_size contiguous parts (rank r reads part r; the tar
 order is reshuffled every DALI epoch with a seed shared by the ranks) and shuffles each part through a buffer of
