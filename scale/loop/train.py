@@ -44,10 +44,10 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     """`synthetic`: random batches of the recipe's crop layout instead of its shards (scale.data.synthetic, as
     `scale bench --synthetic-data`), no validation: a smoke run of the engine, the collectives, checkpointing and
     resume on a new cluster before any data is there."""
-    cfg = load_recipe(recipe, overrides)  # validate before spawning anything
+    trusted = os.environ.get(CHECKED) == "1"  # a rank whose launcher ran the start-up checks for the whole launch
+    cfg = load_recipe(recipe, overrides, validate=not trusted)  # validated before spawning anything
     run = RunDir(run_dir or Path("runs") / cfg.meta.name)
     spawning = nproc > 1 and not already_launched()
-    trusted = os.environ.get(CHECKED) == "1"  # a rank whose launcher ran the start-up checks for the whole launch
     if not trusted:
         check_launch(cfg, nproc if spawning else detect().world_size, data=not synthetic)
         check_trackers(cfg)
