@@ -89,8 +89,8 @@ class RankLocal:
     its own, each rank at its own point of the step), the rank's variables, its RNG streams, and a signal that
     reached this rank only. Entered, the process looks like rank `rank` would."""
 
-    def __init__(self, monkeypatch, rank: int, signalled_at: set[int]):
-        self.monkeypatch, self.rank, self.signalled_at = monkeypatch, rank, signalled_at
+    def __init__(self, rank: int, signalled_at: set[int]):
+        self.monkeypatch, self.rank, self.signalled_at = pytest.MonkeyPatch(), rank, signalled_at
 
     def __enter__(self):
         offset = 1000.0 * (self.rank + 1) + 0.37 * self.rank
@@ -118,13 +118,13 @@ class RankLocal:
         ["train.log_every=1", "train.ckpt_every_steps=0", "train.preempt_check_every=1", "train.max_steps=17"],
     ],
 )
-def test_every_rank_plans_the_same_collective_calls(monkeypatch, overrides):
+def test_every_rank_plans_the_same_collective_calls(overrides):
     """Four ranks of one run, each with its own clocks, variables and RNG; a preemption signal reaches rank 2
     alone, after step 11. Each builds its cadence as Trainer does and plans every step, passing the preemption
     verdict as Preemption.requested agrees it (any rank's flag, at a check): their plans are identical, so no
     rank enters a collective (guard read, validation, log, preemption check, save) that a peer skips."""
     cfg = load_recipe("demo/dino_tiny", overrides)
-    ranks = [RankLocal(monkeypatch.__class__(), rank, {11} if rank == 2 else set()) for rank in range(4)]
+    ranks = [RankLocal(rank, {11} if rank == 2 else set()) for rank in range(4)]
     steps_per_epoch, total_steps = 6, 6 * 4
 
     def agreed(done: int) -> bool:
