@@ -23,6 +23,7 @@ from scale.engine.parallel import ParallelContext, init_parallel
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.faults import maybe_inject
 from scale.launch.local import CHECKED, LAUNCH_MARK, already_launched, spawn
+from scale.loop.cadence import Cadence, StepPlan
 from scale.loop.preemption import Preemption
 from scale.loop.resume import check_resumable
 from scale.loop.rundir import RunDir, setup_logging
@@ -43,10 +44,10 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
     """`synthetic`: random batches of the recipe's crop layout instead of its shards (scale.data.synthetic, as
     `scale bench --synthetic-data`), no validation: a smoke run of the engine, the collectives, checkpointing and
     resume on a new cluster before any data is there."""
-    cfg = load_recipe(recipe, overrides)  # validate before spawning anything
+    trusted = os.environ.get(CHECKED) == "1"  # a rank whose launcher ran the start-up checks for the whole launch
+    cfg = load_recipe(recipe, overrides, validate=not trusted)  # validated before spawning anything
     run = RunDir(run_dir or Path("runs") / cfg.meta.name)
     spawning = nproc > 1 and not already_launched()
-    trusted = os.environ.get(CHECKED) == "1"  # a rank whose launcher ran the start-up checks for the whole launch
     if not trusted:
         check_launch(cfg, nproc if spawning else detect().world_size, data=not synthetic)
         check_trackers(cfg)
@@ -170,22 +171,47 @@ class Trainer:
         )
         self.collapse = CollapseAlarm(cfg, self.steps_per_epoch, self.method.teacher_classes, info.dp_group)
         self.preemption = Preemption(list(cfg.train.preempt_signals), info.dp_group)
+        self.cadence = Cadence.of(cfg.train, self.steps_per_epoch, self.total_steps, validation)
         self.unread_keys: dict[int, list[str]] = {}  # this rank's sample keys of the steps since the guard's last read
 
-    def ckpt_every(self) -> int:
-        return self.cfg.train.ckpt_every_steps or self.steps_per_epoch
-
-    def stop_step(self) -> int:
-        max_steps = self.cfg.train.max_steps
-        return self.total_steps if max_steps is None else min(self.total_steps, max_steps)
-
     def fit(self) -> int:
+        """Train from the resumed step to the cadence's stop: after each step, what `self.cadence` plans for it,
+        in its order (scale.loop.cadence: every rank makes the same collective calls at the same steps)."""
+        start = self.begin()
+        batches = self.step.batches()
+        plan, ended = None, "stopped"
+        try:
+            for step in range(start, self.cadence.stop):
+                record = self.train_step(step, batches)
+                plan = self.cadence.at(step)
+                self.report(step, plan, record)
+                maybe_inject("step", plan.done)
+                maybe_inject("preempt", plan.done)
+                if plan.check_preemption and self.preemption.requested():  # the verdict agreed by every rank
+                    plan = self.cadence.at(step, preempted=True)
+                if plan.save:
+                    self.save(plan.done)
+                if plan.stop:
+                    break
+            if plan is None and not self.checkpointer.has(self.cadence.stop):  # no step to run, the end unsaved
+                self.check_finite()
+                self.save(self.cadence.stop)
+            ended = "preempted" if plan is not None and plan.preempted else "finished"
+        finally:
+            self.end(ended)
+        if ended == "preempted":
+            return PREEMPTED_EXIT_CODE
+        log.info("finished at step %d; run directory %s", self.cadence.stop, self.run.root)
+        return 0
+
+    def begin(self) -> int:
+        """Resume (the steps done so far: the first step index to run), open the trackers and the progress bar."""
         start = self.checkpointer.resume()
         # opened after the resume: a rollback or reset continues in new tracker runs (docs/how-to/trackers.md)
         self.metrics = Trackers(
             self.cfg, self.run.root, self.info.is_main, branch_at=start if self.checkpointer.steered else None
         )
-        stop = self.stop_step()
+        stop = self.cadence.stop
         log.info(
             "training %s: steps %d..%d of %d (%d per epoch), world size %d (%s), engine %s",
             self.cfg.meta.name,
@@ -198,62 +224,48 @@ class Trainer:
             self.cfg.engine.kind,
         )
         self.resumed_at = start or None  # marked on the first logged line (the report's loss plot shows it)
-        batches = self.step.batches()
-        bar = progress_bar(total=stop, initial=start, enabled=self.info.is_main, desc="train")
-        self.heartbeat.bar = bar if self.info.is_main else None
-        ended = "stopped"
+        self.bar = progress_bar(total=stop, initial=start, enabled=self.info.is_main, desc="train")
+        self.heartbeat.bar = self.bar if self.info.is_main else None
+        return start
+
+    def train_step(self, step: int, batches) -> dict:
+        """One step over the next batch; its record (tensors on the device), with the host's wait for the batch."""
+        self.heartbeat.begin_step(step)
+        batch, data_wait = self.step.next_batch(batches)
+        self.unread_keys[step] = batch.keys
         try:
-            for step in range(start, stop):
-                self.heartbeat.begin_step(step)
-                batch, data_wait = self.step.next_batch(batches)
-                self.unread_keys[step] = batch.keys
-                try:
-                    record = self.step(step, batch)
-                except NonFiniteStep:
-                    self.check_finite()
-                    raise
-                record["data_wait_s"] = data_wait
-                done = step + 1
-                validate = self.validation and self.validation.due(done, stop, self.steps_per_epoch)
-                save = done % self.ckpt_every() == 0 and done != stop
-                preempt_check = done % self.cfg.train.preempt_check_every == 0 or done == stop
-                logged = self.is_log_step(step) or validate
-                if logged or save or preempt_check:
-                    self.check_finite()  # before anything reads the weights or writes them
-                if validate:
-                    record.update(self.validation(self.method, self.engine.autocast, done, done / self.steps_per_epoch))
-                if logged:
-                    record = read_record(record)
-                    self._log(step, record)
-                    bar.set_postfix(loss=f"{record['loss']:.4f}")
-                bar.update(1)
-                maybe_inject("step", done)
-                maybe_inject("preempt", done)
-                if preempt_check and self.preemption.requested():
-                    self.heartbeat.enter("checkpoint")
-                    self.save(done)
-                    ended = "preempted"
-                    return PREEMPTED_EXIT_CODE
-                if save:
-                    self.heartbeat.enter("checkpoint")
-                    self.save(done)
-            if start < stop or not self.checkpointer.has(stop):
-                self.check_finite()
-                self.heartbeat.enter("checkpoint")
-                self.save(stop)
-            ended = "finished"
+            record = self.step(step, batch)
+        except NonFiniteStep:  # an engine that reads the guard each step: stop with the guard's message
+            self.check_finite()
+            raise
+        return {**record, "data_wait_s": data_wait}
+
+    def report(self, step: int, plan: StepPlan, record: dict) -> None:
+        """The plan's reads, before anything saves: the guard, the validation, the logged line."""
+        if plan.check_finite:
+            self.check_finite()  # before anything reads the weights or writes them
+        if plan.validate:
+            record.update(
+                self.validation(self.method, self.engine.autocast, plan.done, plan.done / self.steps_per_epoch)
+            )
+        if plan.log:
+            record = read_record(record)
+            self._log(step, record)
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}")
+        self.bar.update(1)
+
+    def end(self, ended: str) -> None:
+        """`ended`: finished, preempted or stopped (by an error), for `scale status`."""
+        self.heartbeat.close(ended)
+        self.bar.close()
+        try:
+            self.checkpointer.close()  # the checkpoint sealed first: a preempted job may be killed any moment
         finally:
-            self.heartbeat.close(ended)
-            bar.close()
-            try:
-                self.checkpointer.close()  # the checkpoint sealed first: a preempted job may be killed any moment
-            finally:
-                self.metrics.close()  # bounded (scale.trackers.CLOSE_TIMEOUT_S): never holds up the exit
-        log.info("finished at step %d; run directory %s", stop, self.run.root)
-        return 0
+            self.metrics.close()  # bounded (scale.trackers.CLOSE_TIMEOUT_S): never holds up the exit
 
     def save(self, step: int) -> None:
         """A checkpoint, once the disk has room for it: else every rank stops, before anything is written."""
+        self.heartbeat.enter("checkpoint")
         self.checkpointer.wait()  # an async save still writing: the space it takes, or its failure, first
         first = weights_bytes(self.method.student, self.method.teacher)
         check_before_save(self.run.checkpoints, self.run.root, step, self.info.is_main, self.info.dp_group, first)
@@ -282,10 +294,6 @@ class Trainer:
             f"step was saved; the last checkpoint in {self.run.checkpoints} is clean. See "
             f"docs/how-to/troubleshooting.md, 'NaN loss' (fp16 with small patches, lr, teacher temperature)."
         )
-
-    def is_log_step(self, step: int) -> bool:
-        done = step + 1
-        return done % self.cfg.train.log_every == 0 or done == self.stop_step() or step == 0
 
     def _log(self, step: int, record: dict) -> None:
         record.update(global_metrics(self.loader.metrics(), self.info.dp_group))  # every rank: a collective

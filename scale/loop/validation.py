@@ -79,15 +79,11 @@ def check_val_data(cfg) -> None:
 
 class Validation:
     """The validation of a run whose method classifies (data.val checked by `check_val_data` before the launch):
-    evaluated every `train.val_every_epochs` epochs and after the last step; each result goes to the step's
-    metrics (val_top1, val_top5) and is appended to eval/val.json in the run directory."""
+    evaluated every `train.val_every_epochs` epochs and after the last step (when: scale.loop.cadence); each result
+    goes to the step's metrics (val_top1, val_top5) and is appended to eval/val.json in the run directory."""
 
     def __init__(self, cfg, info: ParallelContext, device: torch.device, out: Path):
         self.cfg, self.info, self.device, self.out = cfg, info, device, out
-
-    def due(self, done: int, stop: int, steps_per_epoch: int) -> bool:
-        every = self.cfg.train.val_every_epochs * steps_per_epoch
-        return done == stop or done % every == 0
 
     def __call__(self, method, autocast, step: int, epoch: float) -> dict[str, float]:
         cfg = self.cfg

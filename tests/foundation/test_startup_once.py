@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+import scale.config.load
 import scale.loop.train
 from scale.checkpoint.store import CheckpointStore
 from scale.loop.train import main
@@ -50,10 +51,18 @@ def test_a_fresh_run_and_its_resume_read_the_run_directory_once(calls, tmp_path)
 
 
 def test_the_launcher_checks_once_for_its_ranks(monkeypatch, tmp_path):
-    """`--nproc 2`: the launcher runs the start-up checks and tells its ranks (an environment variable), which skip
-    them; a process that no launcher of ours started (one process, torchrun, srun) runs them itself."""
+    """`--nproc 2`: the launcher runs the start-up checks (the recipe's field rules among them) and tells its ranks
+    (an environment variable), which skip them; a process that no launcher of ours started (one process, torchrun,
+    srun) runs them itself."""
     checked: list[str] = []
     launched: dict = {}
+    check_recipe, check_launch = scale.config.load.check_recipe, scale.loop.train.check_launch
+    writable = scale.loop.train.RunDir.check_writable
+    monkeypatch.setattr(scale.config.load, "check_recipe", lambda *a: checked.append("recipe") or check_recipe(*a))
+    monkeypatch.setattr(
+        scale.loop.train, "check_launch", lambda *a, **k: checked.append("launch") or check_launch(*a, **k)
+    )
+    monkeypatch.setattr(scale.loop.train.RunDir, "check_writable", lambda r: checked.append("writable") or writable(r))
     monkeypatch.setattr(scale.loop.train, "startup_checks", lambda *a: checked.append("startup"))
     monkeypatch.setattr(scale.loop.train, "check_trackers", lambda cfg: checked.append("trackers"))
     monkeypatch.setattr(scale.loop.train, "spawn", lambda n, argv, pass_fds, env: launched.update(env) or 0)
@@ -61,14 +70,16 @@ def test_the_launcher_checks_once_for_its_ranks(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     run = str(tmp_path / "run")
     assert main("demo/dino_tiny", TINY, run_dir=run, nproc=2, synthetic=True) == 0
-    assert checked == ["trackers", "startup"] and launched == {scale.loop.train.CHECKED: "1"}
+    assert checked == ["recipe", "launch", "trackers", "writable", "startup"] and launched == {
+        scale.loop.train.CHECKED: "1"
+    }
     checked.clear()
     monkeypatch.setenv(scale.loop.train.CHECKED, "1")  # as a rank that launcher started
     assert main("demo/dino_tiny", [*TINY, "train.max_steps=1"], run_dir=run, synthetic=True) == 0
     assert checked == []
     monkeypatch.delenv(scale.loop.train.CHECKED)
     assert main("demo/dino_tiny", [*TINY, "train.max_steps=2"], run_dir=run, synthetic=True) == 0
-    assert checked == ["trackers", "startup"]
+    assert checked == ["recipe", "launch", "trackers", "writable", "startup"]
 
 
 # one training process of the demo (one step, synthetic data) through the command line, then the modules it imported
