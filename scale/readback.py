@@ -118,11 +118,11 @@ def check(value, schema, path: str | Path, field: str = "") -> None:
             raise BadFile(path, field, f"{kind(value)}, not {wanted}")
 
 
-def _decoded(data: bytes, path: str | Path, field: str = "") -> str:
+def _decoded(data: bytes, path: str | Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise BadFile(path, field, f"not UTF-8 text (byte {err.start})") from None
+        raise BadFile(path, "", f"not UTF-8 text (byte {err.start})") from None
 
 
 def _text(path: str | Path) -> str:
@@ -130,12 +130,12 @@ def _text(path: str | Path) -> str:
     return _decoded(Path(path).read_bytes(), path)
 
 
-def parse_json(text: str, path: str | Path, schema, field: str = ""):
+def parse_json(text: str, path: str | Path, schema):
     try:
         value = json.loads(text)
     except ValueError as err:  # truncated or not JSON at all
-        raise BadFile(path, field, f"not valid JSON ({err})") from None
-    check(value, schema, path, field)
+        raise BadFile(path, "", f"not valid JSON ({err})") from None
+    check(value, schema, path)
     return value
 
 
@@ -151,10 +151,10 @@ def read_json_lines(path: str | Path, schema, torn_tail: bool = False, skip: boo
     records = []
     for number, line in lines:
         try:
-            records.append(parse_json(_decoded(line, path, f"line {number}"), path, schema, f"line {number}"))
-        except BadFile:
+            records.append(parse_json(_decoded(line, path), path, schema))
+        except BadFile as err:
             if not (skip or torn_tail and number == lines[-1][0]):
-                raise
+                raise BadFile(path, f"line {number}" + (f": {err.field}" if err.field else ""), err.problem) from None
     return records
 
 
@@ -241,4 +241,7 @@ SHARD_INDEX = {"members": ListOf(Pair(Any, MapOf(Pair(Integer, Integer))))}
 SHARD_BUILT = {**SHARD_INDEX, "name": str, "count": Integer, "sha256": str, "bytes": Integer, "digest": str}
 SHARD_BUILT["skipped"] = ListOf(Pair(str, str))  # the items left out, and why
 # <run>/config.yaml: the run's resolved recipe, a mapping of sections (each checked by scale.config when loaded)
-RUN_CONFIG = MapOf(Any)
+SECTIONS = ("meta", "data", "model", "method", "optim", "engine", "train", "eval", "sources")
+RUN_CONFIG = {section: Optional(dict) for section in SECTIONS}
+# the same file where the model is built from it (`scale ckpt export --format timm|hf`): it names the model
+RUN_CONFIG_WITH_MODEL = {**RUN_CONFIG, "model": {"name": str}}

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from scale.checkpoint.safe_load import DamagedFile, SafeLoadPlanner, SafeReader, check_files
 from scale.checkpoint.store import META, TMP_PREFIX, CheckpointStore, checkpoints_root, resolve
 from scale.errors import UserError, os_error
-from scale.readback import RUN_CONFIG, read_yaml
+from scale.readback import RUN_CONFIG_WITH_MODEL, read_yaml
 
 # "student": the whole student net (backbone and heads, e.g. a fine-tuned classifier)
 WHAT = {
@@ -178,7 +178,7 @@ def export(path: str | Path, what: str, fmt: str, out: str | Path, license: str 
             raise UserError(f"{run_dir}: no config.yaml (the model's shape comes from the run's recipe)")
         if not what.endswith("backbone"):
             raise UserError(f"--format {fmt} exports a backbone: --what teacher-backbone or student-backbone")
-        cfg = from_dict(read_yaml(run_dir / "config.yaml", RUN_CONFIG), str(run_dir / "config.yaml"))
+        cfg = from_dict(read_yaml(run_dir / "config.yaml", RUN_CONFIG_WITH_MODEL), str(run_dir / "config.yaml"))
         step = CheckpointStore(folder.parent).read_meta(folder)["step"]
         with _writing(out, folder=True):
             return write_timm(tensors, cfg, run_dir, step, what, out, hub=fmt == "hf", license=license)
@@ -187,11 +187,16 @@ def export(path: str | Path, what: str, fmt: str, out: str | Path, license: str 
     with _writing(out, folder=False):
         out.parent.mkdir(parents=True, exist_ok=True)
         if fmt == "safetensors":
+            from safetensors import SafetensorError
             from safetensors.torch import save_file
 
-            save_file({k: t.contiguous() for k, t in tensors.items()}, str(out))
+            try:
+                save_file({k: t.contiguous() for k, t in tensors.items()}, str(out))
+            except SafetensorError as err:  # its writer's I/O errors are no OSError
+                raise UserError(f"--out {out}: cannot write there: {err}") from None
         else:
-            torch.save(tensors, out)
+            with open(out, "wb") as f:  # opened here: torch's own writer fails with a RuntimeError, no OSError
+                torch.save(tensors, f)
     return out
 
 
