@@ -209,6 +209,8 @@ LATEST = r"step_\d+"
 SAVES_LINE = {"step": Integer, "bytes": Integer, "save_s": Optional(Number), "stall_s": Optional(Number)}
 # <run>/metrics.jsonl (scale.trackers.jsonl): one line per log step
 METRICS_LINE = {"step": Number, "time": Optional(Number), "epoch": Optional(Number)}
+# <run>/eval/<name>.json (scale.eval): one evaluation's results, each protocol its own keys
+EVAL_RESULT = MapOf(Any)
 # checkpoints/steering.json (scale.checkpoint.steering): the train.resume_step / train.reset applied
 STEERING = {
     "applied": {"resume_step": (Integer, NONE), "reset": ListOf(str)},

@@ -209,6 +209,26 @@ def test_scale_status_shows_what_it_can_of_a_damaged_run(saved, tmp_path, capsys
     assert status["last_checkpoint"] == step_name(2)
 
 
+@pytest.mark.parametrize("name", ["config.yaml", "metrics.jsonl", "eval/knn.json"])
+@pytest.mark.parametrize(
+    "how", ["list", "values lists", "truncated", "not UTF-8", "empty", "yaml list"]
+)  # a recipe each
+def test_scale_report_reads_what_it_can_or_names_the_file(saved, tmp_path, name, how):
+    from scale.report import load_run  # matplotlib: imported by the test that needs it
+
+    run = status_run(saved, tmp_path)
+    (run / "eval").mkdir()
+    (run / "eval" / "knn.json").write_text(json.dumps({"top1": 50.0, "top5": 80.0}))
+    damage(run / name, how)
+    try:
+        loaded = load_run(run)
+    except UserError as err:
+        assert str(run / name) in str(err) and "\n" not in str(err)
+    else:  # what it read is of the types it uses: a torn last metrics line is dropped, an empty config is defaults
+        assert all(isinstance(m["step"], (int, float)) for m in loaded["metrics"]), loaded["metrics"]
+        assert loaded["config"].meta.name in ("toy", "") and isinstance(loaded["evals"]["knn"], dict)
+
+
 @pytest.mark.parametrize("how", list(DAMAGE))
 def test_export_of_a_run_whose_config_yaml_is_damaged_is_one_line(backbone, tmp_path, capsys, how):
     run = Path(shutil.copytree(backbone, tmp_path / "run"))
