@@ -211,6 +211,10 @@ SAVES_LINE = {"step": Integer, "bytes": Integer, "save_s": Optional(Number), "st
 METRICS_LINE = {"step": Number, "time": Optional(Number), "epoch": Optional(Number)}
 # <run>/eval/<name>.json (scale.eval): one evaluation's results, each protocol its own keys
 EVAL_RESULT = MapOf(Any)
+# <run>/eval/val.json (scale.loop.validation): the last validation, and every one before it
+VAL_RESULT = {"val": Any, "history": ListOf({"step": Integer})}
+# <run>/slurm.json (scale.launch.slurm): the last job submitted for the run
+JOB = {"job_id": (str, Integer)}
 # checkpoints/steering.json (scale.checkpoint.steering): the train.resume_step / train.reset applied
 STEERING = {
     "applied": {"resume_step": (Integer, NONE), "reset": ListOf(str)},

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from scale.checkpoint.checkpointer import COUNTERS_DIR
@@ -27,7 +28,9 @@ from scale.data.shards.read import read_index, read_manifest
 from scale.data.shards.write import build_shards
 from scale.data.sources import imagefolder
 from scale.errors import UserError
-from scale.readback import BadFile, read_json, read_json_lines, read_line, read_yaml
+from scale.launch.slurm import JOB_RECORD, recorded_job
+from scale.loop.validation import Validation
+from scale.readback import VAL_RESULT, BadFile, read_json, read_json_lines, read_line, read_yaml
 from scale.trackers import TrackerState, attach_artifacts
 from tests.checkpoint.test_steering import saved_run, toy
 from tests.data.helpers import make_imagefolder
@@ -227,6 +230,25 @@ def test_scale_report_reads_what_it_can_or_names_the_file(saved, tmp_path, name,
     else:  # what it read is of the types it uses: a torn last metrics line is dropped, an empty config is defaults
         assert all(isinstance(m["step"], (int, float)) for m in loaded["metrics"]), loaded["metrics"]
         assert loaded["config"].meta.name in ("toy", "") and isinstance(loaded["evals"]["knn"], dict)
+
+
+@pytest.mark.parametrize("how", list(DAMAGE))
+def test_damaged_val_json_costs_its_history_not_the_run(tmp_path, caplog, how):
+    out = tmp_path / "eval" / "val.json"
+    validation = Validation(OmegaConf.create({"data": {"val": "v"}}), None, torch.device("cpu"), out)
+    validation._append({"step": 2, "top1": 10.0})
+    damage(out, how)
+    with caplog.at_level(logging.WARNING):
+        validation._append({"step": 4, "top1": 20.0})
+    assert [h["step"] for h in read_json(out, VAL_RESULT)["history"]] == [4] and "val.json" in caplog.text
+
+
+@pytest.mark.parametrize("how", list(DAMAGE))
+def test_damaged_slurm_job_record_is_no_job(tmp_path, how):
+    (tmp_path / JOB_RECORD).write_text(json.dumps({"job_id": "1234", "script": "x"}))
+    assert recorded_job(tmp_path) == "1234"
+    damage(tmp_path / JOB_RECORD, how)
+    assert recorded_job(tmp_path) == ("x" if how == "values strings" else None)  # a string is a job id
 
 
 @pytest.mark.parametrize("how", list(DAMAGE))
