@@ -1,7 +1,6 @@
 """Run reports: a markdown table of the paper's numbers next to ours, and PNG plots of loss, k-NN accuracy,
 validation accuracy and throughput, all read from run directories (config.yaml, metrics.jsonl, eval/*.json)."""
 
-import json
 import shutil
 import statistics
 from pathlib import Path
@@ -12,8 +11,10 @@ require("viz", "matplotlib", "the report's plots").use("Agg")  # files only: run
 import matplotlib.pyplot as plt  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from scale.config.load import from_dict  # noqa: E402
 from scale.errors import UserError  # noqa: E402
 from scale.loop.rundir import RunDir, read_metrics  # noqa: E402
+from scale.readback import EVAL_RESULT, read_json  # noqa: E402
 
 PLOTS = {  # file stem -> (metrics side by side, y labels, title)
     # DINO's collapse and its teacher-temperature warm-up read from the teacher's entropy and the student/teacher KL
@@ -41,10 +42,10 @@ def load_run(path: str | Path) -> dict:
         raise UserError(f"{path}: not a run directory (no config.yaml)")
     evals = {}
     for file in sorted((run.root / "eval").glob("*.json")) if (run.root / "eval").is_dir() else []:
-        evals[file.stem] = json.loads(file.read_text())
+        evals[file.stem] = read_json(file, EVAL_RESULT)
     return {
         "root": run.root,
-        "config": OmegaConf.load(run.config),
+        "config": from_dict(run.read_config(), str(run.config)),
         "metrics": read_metrics(run.metrics),
         "evals": evals,
     }

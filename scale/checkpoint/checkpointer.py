@@ -38,6 +38,7 @@ from scale.engine.parallel import ParallelContext
 from scale.errors import UserError, os_error
 from scale.faults import maybe_fill_disk, maybe_inject
 from scale.nofollow import open_text
+from scale.readback import DATA_COUNTERS, BadFile, read_json
 
 log = logging.getLogger(__name__)
 MONITORS_FILE = "monitors.pt"
@@ -313,7 +314,10 @@ class Checkpointer:
 
     def _plan(self) -> dict:
         """On rank 0: the folders to try, newest first, and what train.resume_step/train.reset still ask for."""
-        steering = pending(self.cfg.train, self.store.root)
+        try:
+            steering = pending(self.cfg.train, self.store.root)
+        except UserError as err:  # a damaged steering.json: said by rank 0, every rank stops (not a hang)
+            return {"error": str(err)}
         folders = self.store.candidates()
         if steering.step is not None:
             folders = [f for f in folders if step_of(f) == steering.step]
@@ -400,11 +404,8 @@ class Checkpointer:
         saved = {}
         for path in sorted((folder / COUNTERS_DIR).glob("rank*.json")):
             try:
-                state = json.loads(path.read_text())
-                if not isinstance(state, dict):
-                    raise ValueError(f"a JSON {type(state).__name__}, not an object")
-                saved[int(path.stem.removeprefix("rank"))] = state
-            except (OSError, ValueError) as err:
+                saved[int(path.stem.removeprefix("rank"))] = read_json(path, DATA_COUNTERS)
+            except (OSError, ValueError, BadFile) as err:
                 log.warning("data counters %s unreadable (%s): they start at 0", path, err)
                 return {}
         if meta["world_size"] == self.info.world_size:

@@ -9,7 +9,6 @@ A disk that fills while a checkpoint is being written (or any write that fails w
 stop: the ranks agree (scale.checkpoint.checkpointer), rank 0 removes the step's partial folder and says what
 failed, on which rank, and the space the checkpoint needs (write_failed)."""
 
-import json
 import logging
 import shutil
 import threading
@@ -21,17 +20,26 @@ from torch.distributed.checkpoint.api import CheckpointException
 from scale.checkpoint.store import CheckpointStore
 from scale.errors import ConfigError, is_disk_full, os_error
 from scale.faults import active
+from scale.readback import SAVES_LINE, BadFile, read_json_lines
 
+_WARNED: set[str] = set()  # the damaged saves.jsonl records already named
 FREE_SOME_SPACE = "free some space (or lower train.keep_last) and run the same command again to continue from it"
 
 
 def expected_bytes(checkpoints: Path) -> int | None:
     """The size of the last sealed checkpoint, which the next one will match; None before the first."""
     try:
-        lines = (checkpoints / "saves.jsonl").read_text().splitlines()
-        return int(json.loads(lines[-1])["bytes"]) if lines else None
-    except (OSError, ValueError, KeyError, IndexError):
+        saves = read_json_lines(checkpoints / "saves.jsonl", SAVES_LINE, torn_tail=True)
+    except BadFile as err:  # only an estimate: a damaged record costs the check, not the run (said once)
+        if str(err) not in _WARNED:
+            logging.getLogger(__name__).warning(
+                "%s; the free-space check before a save uses the model's size instead", err
+            )
+        _WARNED.add(str(err))
         return None
+    except OSError:
+        return None
+    return saves[-1]["bytes"] if saves else None
 
 
 def weights_bytes(*modules) -> int:

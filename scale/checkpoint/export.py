@@ -3,17 +3,18 @@ state dict for evaluation, fine-tuning or timm (`strict=True`), or the whole stu
 
 import hashlib
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from omegaconf import OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from scale.checkpoint.safe_load import DamagedFile, SafeLoadPlanner, SafeReader, check_files
 from scale.checkpoint.store import META, TMP_PREFIX, CheckpointStore, checkpoints_root, resolve
-from scale.errors import UserError
+from scale.errors import UserError, os_error
+from scale.readback import RUN_CONFIG_WITH_MODEL, read_yaml
 
 # "student": the whole student net (backbone and heads, e.g. a fine-tuned classifier)
 WHAT = {
@@ -177,16 +178,43 @@ def export(path: str | Path, what: str, fmt: str, out: str | Path, license: str 
             raise UserError(f"{run_dir}: no config.yaml (the model's shape comes from the run's recipe)")
         if not what.endswith("backbone"):
             raise UserError(f"--format {fmt} exports a backbone: --what teacher-backbone or student-backbone")
-        cfg = from_dict(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")))
+        cfg = from_dict(read_yaml(run_dir / "config.yaml", RUN_CONFIG_WITH_MODEL), str(run_dir / "config.yaml"))
         step = CheckpointStore(folder.parent).read_meta(folder)["step"]
-        return write_timm(tensors, cfg, run_dir, step, what, out, hub=fmt == "hf", license=license)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "safetensors":
-        from safetensors.torch import save_file
-
-        save_file({k: t.contiguous() for k, t in tensors.items()}, str(out))
-    elif fmt == "torch":
-        torch.save(tensors, out)
-    else:
+        with _writing(out, folder=True):
+            return write_timm(tensors, cfg, run_dir, step, what, out, hub=fmt == "hf", license=license)
+    if fmt not in ("safetensors", "torch"):
         raise UserError(f"--format must be safetensors, torch, timm or hf, got '{fmt}'")
+    with _writing(out, folder=False):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if fmt == "safetensors":
+            from safetensors import SafetensorError
+            from safetensors.torch import save_file
+
+            try:
+                save_file({k: t.contiguous() for k, t in tensors.items()}, str(out))
+            except SafetensorError as err:  # its writer's I/O errors are no OSError
+                raise UserError(f"--out {out}: cannot write there: {err}") from None
+        else:
+            with open(out, "wb") as f:  # opened here: torch's own writer fails with a RuntimeError, no OSError
+                torch.save(tensors, f)
     return out
+
+
+@contextmanager
+def _writing(out: Path, folder: bool):
+    """Writing the export to --out: a folder where a file is wanted (or the reverse), or a place that cannot be
+    written, is one line naming --out (exit 2), not the writer's traceback."""
+    if folder and out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: an existing file; --format timm|hf writes a folder")
+    if not folder and out.is_dir():
+        raise UserError(
+            f"--out {out}: a folder; --format safetensors|torch writes a file (name it, e.g. {out}/model.safetensors)"
+        )
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        cause = os_error(err)
+        if cause is None:
+            raise
+        where = f" ({cause.filename})" if cause.filename and str(cause.filename) != str(out) else ""
+        raise UserError(f"--out {out}: cannot write there: {cause.strerror or cause}{where}") from None

@@ -15,7 +15,6 @@ names), and scale never writes a link there.
 """
 
 import io
-import json
 import os
 import pickle
 import re
@@ -29,6 +28,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
 from scale.checkpoint.checksum import mismatch
 from scale.errors import UserError
+from scale.readback import CHECKPOINT_META, BadFile, read_json
 
 
 class UnsafeCheckpoint(UserError):
@@ -262,10 +262,10 @@ def check_files(folder: Path, rank: int = 0, world_size: int = 1, verify: bool =
             raise refused_link(link)
         return f"{link}: a symbolic link"
     try:
-        meta = json.loads((folder / "meta.json").read_text())
-        listed = meta["files"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        meta = read_json(folder / "meta.json", CHECKPOINT_META)
+    except (OSError, BadFile) as err:
         return f"meta.json unreadable ({err})"
+    listed = meta["files"]
     mine = sorted(set(listed) | set(files_on_disk(folder)))[rank::world_size]
     for name in mine:
         try:

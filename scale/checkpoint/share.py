@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from scale.errors import UserError
+from scale.readback import EVAL_RESULT, BadFile, read_json
 
 # a registered timm ViT whose factory the model_args override entirely (timm needs a known architecture name): the
 # fallback when timm registers no ViT of the backbone's own width, depth and patch
@@ -87,13 +88,12 @@ def _measured(run_dir: Path) -> dict:
     found = {}
     for path in sorted((run_dir / "eval").glob("*.json")):
         try:
-            result = json.loads(path.read_text())
-        except (OSError, ValueError):
+            result = read_json(path, EVAL_RESULT)
+        except (OSError, BadFile):
             continue
-        if isinstance(result, dict):
-            top1 = {k: v for k, v in result.items() if "top1" in k and isinstance(v, (int, float))}
-            if top1:
-                found[path.stem] = top1
+        top1 = {k: v for k, v in result.items() if "top1" in k and isinstance(v, (int, float))}
+        if top1:
+            found[path.stem] = top1
     return found
 
 

@@ -8,7 +8,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from scale.errors import UserError
 from scale.nofollow import write_atomic
+from scale.readback import STEERING, BadFile, read_json
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,13 @@ def pending(train_cfg, root: Path) -> Steering:
     if asked == Steering():
         return asked
     path = Path(root) / RECORD
-    done = json.loads(path.read_text()) if path.is_file() else {}
+    try:
+        done = read_json(path, STEERING) if path.is_file() else {}
+    except BadFile as err:
+        raise UserError(
+            f"{err}; it records the train.resume_step/train.reset this run has applied: delete it to apply "
+            "them again, or take them out of the recipe"
+        ) from None
     if done.get("applied") == asked.wants():
         log.info(
             "train.resume_step/train.reset %s were applied on %s (%s): continuing from the newest checkpoint",

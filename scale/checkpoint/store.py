@@ -9,12 +9,14 @@ moment therefore leaves the previous checkpoint loadable, and a partial or damag
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from pathlib import Path
 
 from scale.checkpoint.checksum import checksums
 from scale.nofollow import write_atomic
+from scale.readback import CHECKPOINT_META, BadFile, read_json
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +30,16 @@ def step_name(step: int) -> str:
     return f"step_{step:09d}"
 
 
+STEP_DIR = re.compile(rf"({re.escape(TMP_PREFIX)})?step_(\d+)")
+
+
 def step_of(folder: Path) -> int:
-    return int(folder.name.split("_")[1])
+    return int(STEP_DIR.fullmatch(folder.name).group(2))
+
+
+def _step_dirs(paths) -> list[Path]:
+    """The step directories among `paths`, newest first: step_<digits> (a stray step_garbage is no checkpoint)."""
+    return sorted((p for p in paths if STEP_DIR.fullmatch(p.name) and p.is_dir()), key=step_of, reverse=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -96,7 +106,7 @@ class CheckpointStore:
         return final
 
     def step_dirs(self) -> list[Path]:
-        return sorted((p for p in self.root.glob("step_*") if p.is_dir()), reverse=True)
+        return _step_dirs(self.root.glob("step_*"))
 
     @staticmethod
     def problem(folder: Path) -> str | None:
@@ -105,13 +115,15 @@ class CheckpointStore:
         if not meta_path.is_file():
             return "no meta.json (partial write)"
         try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as err:
-            return f"meta.json unreadable ({err})"
-        if not meta.get("complete"):
+            meta = read_json(meta_path, CHECKPOINT_META)
+        except BadFile as err:
+            return f"meta.json: {err.detail}"
+        except OSError as err:
+            return f"meta.json unreadable ({err.strerror or err})"
+        if not meta["complete"]:
             return "not marked complete"
         actual = file_sizes(folder)
-        for name, size in meta.get("files", {}).items():
+        for name, size in meta["files"].items():
             if actual.get(name) != size:
                 return f"file {name} is {actual.get(name, 'missing')} bytes, expected {size}"
         return None
@@ -148,11 +160,11 @@ class CheckpointStore:
 
     def set_aside_dirs(self) -> list[Path]:
         """Step directories a rollback or a fallback moved aside, newest move first."""
-        return sorted((p for p in (self.root / SET_ASIDE).glob("*/step_*") if p.is_dir()), reverse=True)
+        return sorted(_step_dirs((self.root / SET_ASIDE).glob("*/step_*")), key=lambda p: str(p), reverse=True)
 
     def staging_dirs(self) -> list[Path]:
         """Step directories still being written, or left by a write that was killed (never sealed)."""
-        return sorted((p for p in self.root.glob(f"{TMP_PREFIX}step_*") if p.is_dir()), reverse=True)
+        return _step_dirs(self.root.glob(f"{TMP_PREFIX}step_*"))
 
     def listing(self) -> list[dict]:
         """Every step directory, set-aside and unsealed ones too, newest step first: step, when it was sealed,
@@ -173,7 +185,9 @@ class CheckpointStore:
         return sorted(rows, key=lambda row: -row["step"])
 
     def read_meta(self, folder: Path) -> dict:
-        return json.loads((folder / META).read_text())
+        """meta.json, checked against its schema (scale.readback): BadFile, a UserError, when it does not match
+        (`problem` has already turned such a checkpoint away wherever candidates() chose it)."""
+        return read_json(folder / META, CHECKPOINT_META)
 
     def retain(self, keep_last: int, keep_every: int) -> list[Path]:
         """Delete all but the newest `keep_last` and every `keep_every`-th step; returns what was deleted."""

@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from scale.config import load_recipe
 from scale.errors import PREEMPTED_EXIT_CODE, UserError
+from scale.readback import JOB, BadFile, read_json
 from scale.resources import slurm_template
 
 SCRIPT_NAME = "job.sbatch"
@@ -392,8 +393,8 @@ def recorded_job(run_dir: str | Path) -> str | None:
     """The id of the last job submitted for this run directory, if any."""
     path = Path(run_dir) / JOB_RECORD
     try:
-        return str(json.loads(path.read_text())["job_id"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return str(read_json(path, JOB)["job_id"])
+    except (OSError, BadFile):
         return None
 
 

@@ -4,16 +4,15 @@ Everything is read defensively: a run that has not started, a half-written metri
 pointer give empty fields, never an error.
 """
 
-import json
 import re
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
+from scale.errors import UserError
 from scale.launch import slurm
+from scale.readback import LATEST, METRICS_LINE, RUN_CONFIG, BadFile, read_json_lines, read_line, read_yaml
 from scale.watch.heartbeat import EVERY_S, read_heartbeat
 
 RATE_WINDOW = 20  # metrics lines the throughput and ETA are averaged over
@@ -46,28 +45,25 @@ class RunStatus:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The parseable lines of metrics.jsonl (the last one may be half-written while the run is going)."""
-    records = []
+    """The lines of metrics.jsonl that read as records (the last one may be half-written while the run is going)."""
     try:
-        lines = path.read_text().splitlines()
+        return read_json_lines(path, METRICS_LINE, skip=True)
     except OSError:
         return []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), (int, float)):
-            records.append(record)
-    return records
+
+
+def train_section(config_path: Path) -> dict:
+    """The saved recipe's `train` section, {} when config.yaml is missing or damaged (the fields stay empty)."""
+    try:
+        train = read_yaml(config_path, RUN_CONFIG).get("train")
+    except (OSError, UserError):  # BadFile, or a YAML bomb
+        return {}
+    return train if isinstance(train, dict) else {}
 
 
 def total_steps(config_path: Path) -> int | None:
     """train.max_steps, else epochs x samples_per_epoch / global_batch when the config names them all."""
-    try:
-        train = (yaml.safe_load(config_path.read_text()) or {}).get("train") or {}
-    except (OSError, yaml.YAMLError, AttributeError):
-        return None
+    train = train_section(config_path)
     epochs, samples, batch = train.get("epochs"), train.get("samples_per_epoch"), train.get("global_batch")
     by_epochs = (
         epochs * (samples // batch) if all(isinstance(v, int) and v > 0 for v in (epochs, samples, batch)) else None
@@ -80,10 +76,7 @@ def total_steps(config_path: Path) -> int | None:
 def steps_from_epochs(config_path: Path, last: dict) -> int | None:
     """An epoch-mode run (train.samples_per_epoch null: the epoch is the dataset): train.epochs x the steps per
     epoch that its last metrics line shows (the loop logs `epoch` as steps done / steps per epoch)."""
-    try:
-        epochs = ((yaml.safe_load(config_path.read_text()) or {}).get("train") or {}).get("epochs")
-    except (OSError, yaml.YAMLError, AttributeError):
-        return None
+    epochs = train_section(config_path).get("epochs")
     epoch = last.get("epoch")
     if not isinstance(epochs, int) or epochs <= 0 or not isinstance(epoch, (int, float)) or epoch <= 0:
         return None
@@ -108,10 +101,10 @@ def last_checkpoint(checkpoints: Path) -> str | None:
         if latest.is_symlink():
             name = Path(latest.readlink()).name
         elif latest.is_file():
-            name = latest.read_text().strip()
+            name = read_line(latest, LATEST)
         else:
             name = ""
-    except OSError:
+    except (OSError, BadFile):  # a damaged pointer: the newest step directory, below
         name = ""
     if name and (checkpoints / name).is_dir():
         return name

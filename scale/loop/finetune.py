@@ -7,7 +7,6 @@ validation history the training loop records (top-1/top-5 on data.val every trai
 `--random-init` trains the same recipe from scratch (the tables' "random init" baselines).
 """
 
-import json
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -16,6 +15,7 @@ from scale.engine.dist import detect
 from scale.errors import UserError
 from scale.loop import train
 from scale.methods import has_class_head
+from scale.readback import VAL_RESULT, read_json
 
 
 def check_recipe(cfg: DictConfig, recipe: str) -> None:
@@ -43,7 +43,7 @@ def run(
     status = train.main(recipe, [*overrides, init], str(run_dir), nproc)
     if status != 0 or not detect().is_main:
         return status
-    val = json.loads((run_dir / "eval" / "val.json").read_text())
+    val = read_json(run_dir / "eval" / "val.json", VAL_RESULT)  # BadFile: exit 2 naming it
     history = val["history"]
     return {
         "eval": "finetune",

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scale.errors import ConfigError
 from scale.nofollow import open_fd, open_text, refuse_links, write_atomic
+from scale.readback import METRICS_LINE, RUN_CONFIG, BadFile, read_json_lines, read_yaml
 
 LOG_FORMAT = "%(asctime)s [rank %(rank)d] %(levelname)s %(name)s: %(message)s"
 
@@ -52,27 +53,17 @@ class RunDir:
 
     def read_config(self) -> dict:
         """The saved recipe (config.yaml) as a dict; a damaged one is a ConfigError that says what to do."""
-        import yaml
-
-        from scale.config.load import parse_yaml
-
         fix = (
             "it is this run's resolved recipe, written at each start: restore it from a copy, or delete it to "
             "continue with the recipe as given (without the check that it matches the checkpoints), or use a new "
             "--run-dir"
         )
         try:
-            data = parse_yaml(self.config.read_text(encoding="utf-8"), self.config)
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"{self.config}: not UTF-8 text (byte {err.start}); {fix}") from None
+            return read_yaml(self.config, RUN_CONFIG)
+        except BadFile as err:
+            raise ConfigError(f"{err}; {fix}") from None
         except OSError as err:
             raise ConfigError(f"{self.config}: cannot read it ({err.strerror or err}); {fix}") from None
-        except yaml.YAMLError as err:
-            problem = str(getattr(err, "problem", None) or err).splitlines()[0]
-            raise ConfigError(f"{self.config}: not valid YAML ({problem}); {fix}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{self.config}: a YAML {type(data).__name__}, not a mapping of sections; {fix}")
-        return data
 
     def write_config(self, cfg: DictConfig) -> None:
         write_atomic(self.config, OmegaConf.to_yaml(cfg))
@@ -120,7 +111,7 @@ def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_json_lines(path, METRICS_LINE, torn_tail=True)  # the last line: torn by a kill, or being written
 
 
 def write_json(path: str | Path, result: dict) -> Path:

@@ -5,7 +5,6 @@ which may be sharded, so every rank runs the same number of forwards (`lockstep_
 are counted.
 """
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from scale.data.evaluation import dataset_info, eval_views_cfg, lockstep_batches
 from scale.engine.parallel import ParallelContext
 from scale.errors import ConfigError, UserError
 from scale.loop.rundir import write_json
+from scale.readback import VAL_RESULT, BadFile, read_json
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,10 @@ class Validation:
         return {"val_top1": result["top1"], "val_top5": result["top5"]}
 
     def _append(self, entry: dict) -> None:
-        history = json.loads(self.out.read_text())["history"] if self.out.exists() else []
+        try:
+            history = read_json(self.out, VAL_RESULT)["history"] if self.out.exists() else []
+        except (OSError, BadFile) as err:  # a results file, rewritten whole below: its history is what is lost
+            log.warning("%s; its history of earlier validations starts over", err)
+            history = []
         history = [h for h in history if h["step"] < entry["step"]] + [entry]  # a resumed run redoes later steps
         write_json(self.out, {"eval": "val", "val": self.cfg.data.val, **entry, "history": history})

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from scale.errors import ConfigError, is_disk_full
+from scale.errors import ConfigError, UserError, is_disk_full
 from scale.nofollow import write_atomic
+from scale.readback import RUN_CONFIG, TRACKERS, BadFile, read_json, read_yaml
 from scale.trackers.jsonl import JsonlSink
 
 log = logging.getLogger(__name__)
@@ -83,9 +84,14 @@ class TrackerState:
 
     def __init__(self, root: Path):
         self.path = root / STATE_FILE
-        saved = json.loads(self.path.read_text()) if self.path.exists() else {}
-        self.ids: dict[str, str] = saved.get("ids", {})
-        self.last_step: int = saved.get("last_step", 0)
+        try:
+            saved = read_json(self.path, TRACKERS) if self.path.exists() else {"ids": {}, "last_step": 0}
+        except BadFile as err:
+            raise UserError(
+                f"{err}; it holds the trackers' run ids: delete it to continue in new tracker runs"
+            ) from None
+        self.ids: dict[str, str] = saved["ids"]
+        self.last_step: int = saved["last_step"]
 
     def save(self) -> None:
         write_atomic(self.path, json.dumps({"ids": self.ids, "last_step": self.last_step}))
@@ -193,7 +199,9 @@ class Trackers:
 def attach_artifacts(root: Path, paths: list[Path]) -> None:
     """Reopen the trackers of the finished run in `root` (its config.yaml and trackers.json) and attach files or
     folders to their runs: the report's plots, exported weights."""
-    cfg = OmegaConf.load(root / "config.yaml")
+    from scale.config.load import from_dict
+
+    cfg = from_dict(read_yaml(root / "config.yaml", RUN_CONFIG), str(root / "config.yaml"))
     if not cfg.train.trackers:
         return
     sinks = open_sinks(cfg, root, TrackerState(root))

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from scale.nofollow import LinkRefused, write_atomic
+from scale.readback import HEARTBEAT, BadFile, read_json
 
 FILE = "heartbeat.json"
 EVERY_S = 2.0  # seconds between writes
@@ -96,8 +97,8 @@ class Heartbeat:
 
 
 def read_heartbeat(root: Path) -> dict | None:
+    """Rank 0's last heartbeat, or None when there is none or it is damaged (`scale status` shows no phase)."""
     try:
-        beat = json.loads((root / FILE).read_text())
-    except (OSError, ValueError):
+        return read_json(root / FILE, HEARTBEAT)
+    except (OSError, BadFile):
         return None
-    return beat if isinstance(beat, dict) else None

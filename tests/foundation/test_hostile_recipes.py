@@ -91,7 +91,7 @@ def test_nproc_below_one_is_a_usage_error(recipes, capsys, nproc):
 
 @pytest.mark.parametrize(
     "content,problem",
-    [(b"\xff\xfe not text", "not UTF-8 text"), (b"- a\n- list\n", "a YAML list, not a mapping of sections")],
+    [(b"\xff\xfe not text", "not UTF-8 text"), (b"- a\n- list\n", "a list, not an object")],
 )
 def test_damaged_run_dir_config_is_named_with_what_to_do(recipes, tmp_path, capsys, content, problem):
     run = tmp_path / "run"

@@ -1,10 +1,10 @@
 """Reading a shard directory: its manifest and each shard's member index (what the loaders and the verifier read)."""
 
-import json
 from pathlib import Path
 
 from scale.data.shards.layout import MANIFEST, scan_tar
 from scale.errors import UserError
+from scale.readback import SHARD_INDEX, SHARD_MANIFEST, BadFile, read_json
 
 
 def read_manifest(shard_dir) -> dict:
@@ -13,16 +13,9 @@ def read_manifest(shard_dir) -> dict:
     if not path.is_file():
         raise UserError(f"shard manifest not found: {path} (build shards with `scale shards build`)")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON: {err}") from None
-    if not isinstance(manifest, dict):
-        raise UserError(f"{path}: a JSON {type(manifest).__name__}, not an object")
-    for key in ("label_kind", "classes", "shards"):
-        if key not in manifest:
-            raise UserError(f"{path}: missing key '{key}'")
-    if not isinstance(manifest["classes"], list) or not isinstance(manifest["shards"], list):
-        raise UserError(f"{path}: 'classes' and 'shards' must be lists")
+        manifest = read_json(path, SHARD_MANIFEST)  # BadFile (exit 2) names the field of a damaged one
+    except OSError as err:
+        raise UserError(f"{path}: cannot read it ({err.strerror or err})") from None
     for number, shard in enumerate(manifest["shards"]):
         _check_shard_entry(path, number, shard)
         if not (Path(shard_dir) / shard["name"]).is_file():
@@ -37,8 +30,6 @@ def _is_count(value) -> bool:
 def _check_shard_entry(path: Path, number: int, shard) -> None:
     """One entry of the manifest's `shards`: a name and a sample count (a negative one silently dropped the shard
     from the epoch order, a fractional one failed far from here)."""
-    if not isinstance(shard, dict) or not isinstance(shard.get("name"), str):
-        raise UserError(f"{path}: shards[{number}] is not an object with a 'name'")
     if not _is_count(shard.get("count")):
         raise UserError(
             f"{path}: shard {shard['name']}: count {shard.get('count')!r} is not a number of samples (an integer "
@@ -51,14 +42,11 @@ def read_index(shard_dir, shard: dict) -> tuple[list, str | None]:
     idx = Path(shard_dir) / shard.get("index", "")
     if shard.get("index") and idx.is_file():
         try:
-            members = [(str(key), dict(exts)) for key, exts in json.loads(idx.read_text())["members"]]
-            for _key, exts in members:
-                if not all(isinstance(span, list) and len(span) == 2 for span in exts.values()):
-                    raise ValueError("a member's offsets are not [offset, size]")
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            members = [(str(key), exts) for key, exts in read_json(idx, SHARD_INDEX)["members"]]
+        except (OSError, BadFile) as err:
+            problem = err.detail if isinstance(err, BadFile) else err.strerror or err
             raise UserError(
-                f"{idx}: corrupt shard index ({type(err).__name__}: {err}); delete it and rebuild the shards "
-                f"with `scale shards build`"
+                f"{idx}: corrupt shard index ({problem}); delete it and rebuild the shards with `scale shards build`"
             ) from None
         return members, None
     return scan_tar(Path(shard_dir) / shard["name"])

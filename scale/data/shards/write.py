@@ -8,6 +8,7 @@ and options.
 import hashlib
 import io
 import json
+import logging
 import os
 import tarfile
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ from scale.data.shards.layout import (
 )
 from scale.errors import UserError
 from scale.progress import progress_bar
+from scale.readback import SHARD_BUILT, BadFile, read_json
+
+log = logging.getLogger(__name__)
 
 TAR_MTIME = 0  # fixed member mtime: the same items and options give byte-identical shards
 
@@ -87,14 +91,25 @@ def _items_digest(items: list, options: dict) -> str:
     return digest.hexdigest()
 
 
+def _built(idx_path: Path) -> dict | None:
+    """What a shard built before recorded in its .idx, or None: none, or a damaged one (the shard is built again)."""
+    try:
+        return read_json(idx_path, SHARD_BUILT)
+    except FileNotFoundError:
+        return None
+    except (OSError, BadFile) as err:
+        log.warning("%s; building that shard again", err)
+        return None
+
+
 def _write_shard(job: tuple) -> dict:
     out_dir, index, items, label_kind, options = job
     out_dir = Path(out_dir)
     final, idx_path = out_dir / shard_name(index), out_dir / index_name(index)
     digest = _items_digest(items, options)
-    if idx_path.exists() and final.exists():
-        record = json.loads(idx_path.read_text())
-        if record.get("digest") != digest:
+    record = _built(idx_path) if final.exists() else None
+    if record is not None:
+        if record["digest"] != digest:
             raise UserError(
                 f"{idx_path}: this shard was built from other items or options; build into a new "
                 f"--out directory (or delete {out_dir})"
