@@ -129,7 +129,7 @@ def older(cfg) -> dict:
     "kind, settings",
     [
         ("simclr", "simclr: {dim: 64, temperature: 0.5, bn_in_heads: false}"),
-        ("swav", "swav: {prototypes: 30, temperature: 0.2}"),
+        ("swav", "swav: {prototypes: 30, temperature: 0.3}"),
         ("esvit", "dino: {out_dim: 1024}, esvit: {region_weight: 0.3}"),
     ],
 )
