@@ -44,7 +44,7 @@ def trace_config(cfg, images: int = TRACE_IMAGES, dp_size: int = 1, shard_size: 
     """The recipe as the trace runs it: `images` images per rank at the epoch where any region loss has started, nets
     built on the meta device and traced whole (no checkpointing: the planner models it), no monitors. Everything
     the trace reads is in it, so its hash keys the trace cache."""
-    epoch = int(cfg.method.dino.region_from_epoch)
+    epoch = int(cfg.method.esvit.region_from_epoch)
     batch = images * dp_size
     return OmegaConf.merge(
         cfg,

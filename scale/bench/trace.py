@@ -228,7 +228,7 @@ def trace_step(cfg, images: int = TRACE_IMAGES, info: ParallelContext | None = N
     from scale.loop.step import TrainStep
 
     info = info or ParallelContext(0, 1, 0, "127.0.0.1", 0, "single")
-    epoch = int(cfg.method.dino.region_from_epoch)
+    epoch = int(cfg.method.esvit.region_from_epoch)
     cfg = trace_config(cfg, images, info.dp_size, info.shard_size)
     trace = StepTrace(images=images)
     step = TrainStep(

@@ -162,7 +162,7 @@ def cmd_list(args) -> int:
 
 
 def used_sections(cfg):
-    """The recipe without the `method` sub-sections its method does not read (scale.methods.config.SECTIONS)."""
+    """The recipe without the `method` sub-sections its method does not read (scale.methods.config.method_sections)."""
     from omegaconf import OmegaConf
 
     from scale.methods.config import method_sections

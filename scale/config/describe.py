@@ -42,7 +42,10 @@ def describe(key: str, resolve_choices: bool = True) -> KeyInfo | None:
 
 def _walk(cls: type, prefix: str, resolve: bool):
     hints = typing.get_type_hints(cls)
-    comments = _comments(cls)
+    comments = {}  # a field a base dataclass declares is described where it is declared
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            comments.update(_comments(base))
     for f in dataclasses.fields(cls):
         dotted = prefix + f.name
         if dataclasses.is_dataclass(hints[f.name]):

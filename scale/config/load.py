@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from scale.config.schema import Recipe
 from scale.config.validate import Origins, check_recipe
 from scale.errors import ConfigError, notice
+from scale.methods.config import MOVED_KEYS, moco_key
 from scale.resources import recipes_dir
 
 BASE_KEY = "base"
@@ -167,6 +168,77 @@ def _renamed(raw: dict, where: str) -> dict:
     return {**raw, "method": method}
 
 
+def _final_kind(layers: list[dict]) -> Any:
+    """The method.kind the merged layers end with (the schema's default where none sets it)."""
+    kinds = [raw["method"]["kind"] for raw in layers if isinstance(raw.get("method"), dict) and "kind" in raw["method"]]
+    return kinds[-1] if kinds else _schema().method.kind
+
+
+def _today(dotted: str, kind: Any) -> str | None:
+    """Where a method key of an earlier release is read today with method.kind=`kind` (None: nowhere, `kind` never
+    read it); every other key as it is."""
+    parts = dotted.split(".")
+    if len(parts) != 3 or parts[0] != "method":
+        return dotted
+    section, key = parts[1:]
+    if section == "moco":
+        new = moco_key(kind, key) if isinstance(kind, str) else None
+        return f"method.{kind}.{new}" if new else None
+    owner = MOVED_KEYS.get(section, {}).get(key)
+    return f"method.{owner}.{key}" if owner else dotted
+
+
+def _old_sections(raw: dict, kind: Any, where: str) -> dict:
+    """`raw` with the method sections of earlier releases read as today's (scale/methods/config.py MOVED_KEYS,
+    moco_key): method.moco.X as method.<kind>.X, method.dino.region_* as method.esvit.region_*, the `sources`
+    entries of those keys likewise; one deprecation notice per file naming the old and the new keys. A run's
+    config.yaml written before each kind had its own section still loads, and still resumes."""
+    method = raw.get("method") if isinstance(raw.get("method"), dict) else {}
+    sources = raw.get("sources") if isinstance(raw.get("sources"), dict) else {}
+    old = [f"method.{s}.{k}" for s, v in method.items() if isinstance(v, dict) for k in v]
+    moves = {key: _today(key, kind) for key in dict.fromkeys(old + [k for k in sources if isinstance(k, str)])}
+    moves = {key: new for key, new in moves.items() if new != key}
+    if not moves and method.get("moco") != {}:
+        return raw
+    method = {s: dict(v) if isinstance(v, dict) else v for s, v in method.items()}
+    for key, new in moves.items():
+        _, section, name = key.split(".")
+        if isinstance(method.get(section), dict) and name in method[section]:
+            value = method[section].pop(name)
+            target = method.setdefault(new.split(".")[1], {}) if new is not None else None
+            if isinstance(target, dict):  # (not a mapping: the loader names that section)
+                target.setdefault(new.split(".")[2], value)  # the file's own new spelling wins
+    if method.get("moco") == {}:
+        del method["moco"]  # a section no release reads any more (emptied, or by the `variant` rename)
+    raw = {**raw, "method": method} if isinstance(raw.get("method"), dict) else dict(raw)
+    if sources:
+        raw["sources"] = {moves.get(k, k): v for k, v in sources.items() if k not in moves or moves[k] is not None}
+    if moves:
+        notice(f"{where}: {_deprecation(moves, kind)}")
+    return raw
+
+
+def _deprecation(moves: dict[str, str | None], kind: Any) -> str:
+    """One line naming the old keys and the new ones (`method.moco.{dim,temperature}`), then the ignored ones."""
+    groups: dict[tuple, list] = {}
+    for key, new in moves.items():
+        old_section, name = key.rsplit(".", 1)
+        new_section, new_name = new.rsplit(".", 1) if new else (None, None)
+        groups.setdefault((old_section, new_section), []).append((name, new_name))
+    parts = []
+    for (old_section, new_section), names in groups.items():
+        was = _braced(old_section, [n for n, _ in names])
+        if new_section is None:
+            parts.append(f"{was} is not read by method.kind={kind} (ignored)")
+        else:
+            parts.append(f"{was} is deprecated: write {_braced(new_section, [n for _, n in names])} (read as such)")
+    return "; ".join(parts)
+
+
+def _braced(prefix: str, names: list[str]) -> str:
+    return f"{prefix}.{names[0]}" if len(names) == 1 else f"{prefix}.{{{','.join(names)}}}"
+
+
 def _merge(cfg: DictConfig, raw: dict, where: str) -> DictConfig:
     """`raw` merged into `cfg` in place (unsafe_merge: no copy of `cfg`, which the caller no longer uses)."""
     _check_keys(raw, cfg, where)
@@ -287,8 +359,10 @@ def load_recipe(name_or_path: str, overrides: Iterable[str] = (), validate: bool
     origins = Origins()
     sources = [(str(file), raw) for file, raw in _load_chain(path)] + [("command line", parse_overrides(overrides))]
     restated: dict[str, str] = {}
+    sources = [(where, _renamed(raw, where)) for where, raw in sources]
+    kind = _final_kind([raw for _, raw in sources])
     for where, raw in sources:
-        raw = _renamed(raw, where)
+        raw = _old_sections(raw, kind, where)
         cfg = _merge(cfg, raw, where)
         origins.record(raw, where)
         _restate(cfg, raw, where, restated)
@@ -309,7 +383,8 @@ def load_recipe(name_or_path: str, overrides: Iterable[str] = (), validate: bool
 
 def from_dict(data: dict, where: str = "config") -> DictConfig:
     """A recipe from a plain dict (e.g. the config.yaml saved in a run directory, `where`)."""
-    return _merge(_defaults(), _renamed(data, where), where)
+    data = _renamed(data, where)
+    return _merge(_defaults(), _old_sections(data, _final_kind([data]), where), where)
 
 
 def to_yaml(cfg: DictConfig) -> str:

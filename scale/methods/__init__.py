@@ -1,7 +1,8 @@
 """Methods: DINO, EsViT, MoCo v3, MoCo v2, SimCLR, BYOL, SwAV (MoCo v3 Table 4, DINO Table 7), DRLoc, supervised.
 
 `build_method(cfg, steps_per_epoch, total_steps)` builds the class that `cfg.method.kind` names in the registry
-(scale/methods/registry.py: each class declares its kind); the MoCo v3 Table 4 frameworks share the `moco` section.
+(scale/methods/registry.py: each class declares its kind); each kind reads its own section of `method`,
+`method.<kind>` (scale/methods/config.py).
 Imports are local so that importing `scale.methods.base` (the contract) and `scale.methods.config` (the recipe
 schema, which `scale --help` imports) stays light: no torch here at module level.
 """

@@ -29,7 +29,7 @@ class BYOL(Method):
     kind = "byol"
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
-        self.cfg = mc = cfg.method.moco
+        self.cfg = mc = cfg.method.byol
         self.per_view_bn = _bn_batching(mc.bn_batching)
 
         def projector(in_dim: int) -> nn.Module:

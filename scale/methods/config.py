@@ -1,5 +1,6 @@
 """Recipe section `method`: which self-supervised (or supervised) objective, with one sub-section each."""
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from scale.config.fields import FIXED, at_least, choice, listed_in, plain, within
@@ -39,43 +40,93 @@ class DinoConfig:
     sinkhorn_iters: int = at_least(3, 1)
     loss: str = choice("ce", ["ce", "mse"])  # mse: row 5, squared error between teacher and student probabilities
     predictor: bool = plain(False, FIXED)  # row 6: 2-layer MLP on the student's bottleneck
-    # EsViT region loss: w, its weight ((1 - w) for DINO's view loss)
-    region_weight: float = 0.5
-    # EsViT: the epoch from which the region loss is added (before it, the view loss alone)
-    region_from_epoch: int = at_least(0, 0)
 
 
 @dataclass
-class MocoConfig:
-    # the heads and losses of method.kind mocov3, mocov2, simclr, byol and swav (MoCo v3 Table 4, DINO Table 7)
-    dim: int = at_least(256, 1, resume=FIXED)  # output width of the projector and the predictor
-    # hidden width of the projector and predictor MLPs
+class EsvitConfig:
+    """EsViT is DINO plus a region loss: it reads method.dino (the view loss, both heads) and this section."""
+
+    # w, the region loss's weight ((1 - w) for DINO's view loss)
+    region_weight: float = 0.5
+    # the epoch from which the region loss is added (before it, the view loss alone)
+    region_from_epoch: int = at_least(0, 0)
+
+
+# The frameworks of MoCo v3 Table 4 and DINO Table 7 rows 7-8, one section each; the small bases below hold the
+# fields several of them share (each kind's section has only the fields its class reads)
+MOCO_KINDS = ("mocov3", "mocov2", "simclr", "byol", "swav")
+
+
+@dataclass
+class ProjectorConfig:
+    dim: int = at_least(256, 1, resume=FIXED)  # output width of the projector (and of the predictor)
+    # hidden width of the projector (and predictor) MLPs
     mlp_dim: int = at_least(4096, 1, resume=FIXED)
-    # linear layers of the projector
-    proj_layers: int = at_least(3, 1, resume=FIXED)
-    # linear layers of the predictor (0: none)
-    pred_layers: int = at_least(2, 0, resume=FIXED)
-    # temperature of the contrastive (InfoNCE) loss
-    temperature: float = at_least(0.2, 1e-8)
+
+
+@dataclass
+class MomentumConfig:
+    # EMA rate of the momentum encoder
     momentum: float = within(0.99, 0.0, 1.0)  # cosine to 1 when momentum_cosine
     # the momentum rises to 1 along a half cosine over the training
     momentum_cosine: bool = True
-    # BatchNorm in the projector and predictor MLPs
-    bn_in_heads: bool = plain(True, FIXED)
+
+
+@dataclass
+class ViewBatchingConfig:
     # MoCo v3 appendix: per_view = the two crops of an image never share a BN batch (Alg. 1); joint = one batch
     bn_batching: str = choice("per_view", ["per_view", "joint"])
-    # SwAV (MoCo v3 Table 4): prototypes on the projection, Sinkhorn-Knopp codes, no queue
-    swav_prototypes: int = at_least(3000, 1, resume=FIXED)
-    # SwAV: entropy regularisation of the Sinkhorn-Knopp codes
-    swav_epsilon: float = 0.05
-    # SwAV: temperature of the softmax over the prototype scores
-    swav_temperature: float = 0.1
-    # SwAV: the first steps, during which the prototypes are not updated
-    swav_freeze_prototypes_steps: int = 313
-    # SwAV: Sinkhorn-Knopp iterations
-    sinkhorn_iters: int = at_least(3, 1)
-    # MoCo v2 (DINO Table 7 row 8): negatives from a queue of past keys of every rank
+
+
+@dataclass
+class HeadBatchNormConfig(ViewBatchingConfig):
+    # BatchNorm in the projector and predictor MLPs
+    bn_in_heads: bool = plain(True, FIXED)
+
+
+@dataclass
+class ContrastiveConfig:
+    # temperature of the contrastive loss (InfoNCE, NT-Xent)
+    temperature: float = at_least(0.2, 1e-8)
+
+
+@dataclass
+class MocoV3Config(ContrastiveConfig, HeadBatchNormConfig, MomentumConfig, ProjectorConfig):
+    # linear layers of the projector (ViT; the ResNet projector has MoCo v3's fixed depth)
+    proj_layers: int = at_least(3, 1, resume=FIXED)
+    # linear layers of the predictor (0: none)
+    pred_layers: int = at_least(2, 0, resume=FIXED)
+
+
+@dataclass
+class MocoV2Config(ContrastiveConfig, MomentumConfig, ProjectorConfig):
+    # DINO Table 7 row 8: negatives from a queue of past keys of every rank
     queue_size: int = at_least(65536, 1, resume=FIXED)
+
+
+@dataclass
+class SimclrConfig(ContrastiveConfig, HeadBatchNormConfig, ProjectorConfig):
+    # linear layers of the projector (ViT; the ResNet projector has MoCo v3's fixed depth)
+    proj_layers: int = at_least(3, 1, resume=FIXED)
+
+
+@dataclass
+class ByolConfig(HeadBatchNormConfig, MomentumConfig, ProjectorConfig):
+    """BYOL's heads have 2 layers each (MoCo v3 appendix): no layer counts to set."""
+
+
+@dataclass
+class SwavConfig(ViewBatchingConfig, ProjectorConfig):
+    # MoCo v3 Table 4: prototypes on the projection, Sinkhorn-Knopp codes, no queue
+    prototypes: int = at_least(3000, 1, resume=FIXED)
+    # entropy regularisation of the Sinkhorn-Knopp codes
+    epsilon: float = 0.05
+    # temperature of the softmax over the prototype scores
+    temperature: float = 0.1
+    # the first steps, during which the prototypes are not updated
+    freeze_prototypes_steps: int = 313
+    # Sinkhorn-Knopp iterations
+    sinkhorn_iters: int = at_least(3, 1)
 
 
 @dataclass
@@ -128,19 +179,57 @@ class SupervisedConfig:
     cutmix: float = at_least(1.0, 0.0)
 
 
-# the sub-sections of `method` each kind reads (`scale recipes show` prints only those); the others read `moco`
-SECTIONS = {"dino": ("dino",), "esvit": ("dino",), "drloc": ("drloc", "supervised"), "supervised": ("supervised",)}
-
-
 def method_sections(kind: str) -> tuple[str, ...]:
-    return SECTIONS.get(kind, ("moco",))
+    """The sub-sections of `method` that `kind` reads (`scale recipes show` prints only those): its own, then those
+    of the kind it extends (EsViT: DINO's, DRLoc: supervised's)."""
+    extends = registry.KINDS[kind].extends
+    return (kind,) + (method_sections(extends) if extends else ())
+
+
+# Sections of earlier releases that held other kinds' settings (read as today's by scale/config/load.py, with a
+# deprecation notice): method.moco held the settings of the MOCO_KINDS, method.dino EsViT's region fields
+MOVED_KEYS = {"dino": {"region_weight": "esvit", "region_from_epoch": "esvit"}}  # {section: {key: its kind now}}
+OLD_MOCO = (
+    "dim mlp_dim proj_layers pred_layers temperature momentum momentum_cosine bn_in_heads bn_batching swav_prototypes "
+    "swav_epsilon swav_temperature swav_freeze_prototypes_steps sinkhorn_iters queue_size"
+).split()
+# method.moco's keys under another name in a kind's own section; None: the kind never read it
+MOCO_RENAMED = {
+    "swav": {
+        "temperature": None,  # the contrastive loss's, not SwAV's softmax temperature
+        "swav_prototypes": "prototypes",
+        "swav_epsilon": "epsilon",
+        "swav_temperature": "temperature",
+        "swav_freeze_prototypes_steps": "freeze_prototypes_steps",
+    }
+}
+
+
+def moco_key(kind: str, key: str) -> str | None:
+    """Where method.moco.`key` of an earlier release is read today with method.kind=`kind`: a key of method.<kind>,
+    or None where `kind` never read it. A key no release had moves as it is, for the loader to name."""
+    if kind not in MOCO_KINDS:
+        return None
+    new = MOCO_RENAMED.get(kind, {}).get(key, key)
+    if key in OLD_MOCO and new not in {f.name for f in dataclasses.fields(SECTION_TYPES[kind])}:
+        return None
+    return new
 
 
 @dataclass
 class MethodConfig:
     # the declared methods (scale/methods/registry.py KINDS): dino, esvit, mocov3, mocov2, simclr, byol, swav, drloc, ...
     kind: str = choice("dino", tuple(registry.KINDS), resume=FIXED)
+    # one section per kind, named after it: the settings its class reads
     dino: DinoConfig = field(default_factory=DinoConfig)
-    moco: MocoConfig = field(default_factory=MocoConfig)
+    esvit: EsvitConfig = field(default_factory=EsvitConfig)
+    mocov3: MocoV3Config = field(default_factory=MocoV3Config)
+    mocov2: MocoV2Config = field(default_factory=MocoV2Config)
+    simclr: SimclrConfig = field(default_factory=SimclrConfig)
+    byol: ByolConfig = field(default_factory=ByolConfig)
+    swav: SwavConfig = field(default_factory=SwavConfig)
     drloc: DrlocConfig = field(default_factory=DrlocConfig)
     supervised: SupervisedConfig = field(default_factory=SupervisedConfig)
+
+
+SECTION_TYPES = {f.name: f.type for f in dataclasses.fields(MethodConfig) if f.name != "kind"}

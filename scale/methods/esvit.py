@@ -4,7 +4,7 @@ For a pair (teacher view i, student view v != i), each student token j is matche
 j* = argmax_{j'} cos(z_s^j, z_t^{j'}) of the BACKBONE features (non-differentiable); the region loss is
 -1/N_s sum_j P_t^{j*} log P_s^j with P_t = softmax((g_t - c_r) / T_t) of a second (region) DINO head, c_r its own
 center. Loss = (1 - w) L_view + w L_region, w = 0.5, both averaged over the same pairs; from epoch
-`region_from_epoch` on (continual pre-training from a view-only checkpoint), before it the view loss alone.
+method.esvit.region_from_epoch on (continual pre-training from a view-only checkpoint), before it the view loss alone.
 
 The region head has 65536 outputs on every token, so the loss never materialises an fp32 [tokens, 65536] tensor:
 the teacher's targets are made row by row when a matched student token needs them (`CenteredSoftmaxRows`), each
@@ -175,6 +175,7 @@ class Esvit(Dino):
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
         super().__init__(cfg, steps_per_epoch, total_steps, backbone_fn)
+        self.region = cfg.method.esvit  # region_weight, region_from_epoch; the rest is method.dino (self.cfg)
         self.region_center = torch.zeros(1, self.cfg.out_dim, device="cpu")
 
     def _build(self, backbone: nn.Module, norm_last_layer: bool, predictor: bool) -> MultiCropNet:
@@ -185,7 +186,7 @@ class Esvit(Dino):
         )
 
     def region_active(self, ctx: StepContext) -> bool:
-        return ctx.epoch >= self.cfg.region_from_epoch
+        return ctx.epoch >= self.region.region_from_epoch
 
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
         region = self.region_active(ctx)
@@ -201,7 +202,7 @@ class Esvit(Dino):
         if not region:
             return view, {"loss": view.detach(), "view_loss": view.detach(), "teacher_temp": temp, **metrics}
 
-        w = self.cfg.region_weight
+        w = self.region.region_weight
         # overwrites student["region_logits"] with the gradient of w * region_loss (see SoftTargetCrossEntropy)
         region_loss = region_loss_pairs(
             split_views(student["tokens"], batch.views_per_group),

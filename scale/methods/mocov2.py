@@ -34,7 +34,7 @@ class MocoV2(Method):
     kind = "mocov2"
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
-        self.cfg = mc = cfg.method.moco
+        self.cfg = mc = cfg.method.mocov2
         backbone = backbone_fn()
         self.student = ProjectionNet(backbone, projector(backbone.embed_dim, mc.mlp_dim, mc.dim))
         self.teacher = momentum_encoder(backbone_fn, lambda width: projector(width, mc.mlp_dim, mc.dim), self.student)

@@ -47,10 +47,10 @@ def momentum_forward(method: Method, batch: Batch, name: str, per_view_bn: bool)
     check_two_views(batch, name)
     if per_view_bn and method.cfg.bn_in_heads and batch.batch_size < 2:
         raise UserError(
-            f"{name}: BatchNorm in the heads (method.moco.bn_in_heads) normalises each view over this "
+            f"{name}: BatchNorm in the heads (method.{method.kind}.bn_in_heads) normalises each view over this "
             f"rank's images and needs at least 2 per forward, got {batch.batch_size} (train.global_batch "
-            f"/ ranks / engine.grad_accum); raise the batch, or set method.moco.bn_batching=joint or "
-            f"method.moco.bn_in_heads=false"
+            f"/ ranks / engine.grad_accum); raise the batch, or set method.{method.kind}.bn_batching=joint or "
+            f"method.{method.kind}.bn_in_heads=false"
         )
     crops, views = batch.crops[:1], batch.views_per_group[:1]
     online = method.student(crops, views, per_view_bn)
@@ -63,7 +63,7 @@ class MocoV3(Method):
     kind = "mocov3"
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
-        self.cfg = mc = cfg.method.moco
+        self.cfg = mc = cfg.method.mocov3
         self.per_view_bn = _bn_batching(mc.bn_batching)
         resnet = is_resnet(cfg)
 

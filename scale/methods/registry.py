@@ -1,5 +1,6 @@
 """The method registry, the one list of method kinds. `KINDS` declares each value of `method.kind` with what callers
-ask of it: the views it trains on, how many global views it needs, whether it classifies. The recipe schema and its
+ask of it: the views it trains on, how many global views it needs, whether it classifies, the kind it extends. Each
+kind's settings are the section of `method` named after it (scale/methods/config.py). The recipe schema and its
 checks read `KINDS` without importing any method (loading a recipe imports no torch); the class that implements a
 kind lives in scale/methods/<kind>.py, declares `kind`, and registers itself when its class is defined
 (scale/methods/base.py), taking its attributes from `KINDS`. `method_class(kind)` imports that one module; `methods()`
@@ -19,13 +20,15 @@ class Kind:
     views: tuple[str, ...] = CROPS  # the data.views.kind it trains on
     global_views: int | None = None  # the data.views.n_global it needs; None: any
     classifies: bool = False  # the student ends in a class head: the loop validates it on data.val (`val_logits`)
+    # the kind whose class this kind's class extends: it reads that kind's section of `method` besides its own
+    extends: str | None = None
 
 
 KINDS = {
     "byol": Kind(global_views=2),
     "dino": Kind(),
-    "drloc": Kind(LABELLED, classifies=True),
-    "esvit": Kind(),
+    "drloc": Kind(LABELLED, classifies=True, extends="supervised"),
+    "esvit": Kind(extends="dino"),
     "mocov2": Kind(global_views=2),
     "mocov3": Kind(global_views=2),
     "simclr": Kind(global_views=2),

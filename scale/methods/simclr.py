@@ -39,7 +39,7 @@ class SimCLR(Method):
     kind = "simclr"
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
-        self.cfg = mc = cfg.method.moco
+        self.cfg = mc = cfg.method.simclr
         self.per_view_bn = _bn_batching(mc.bn_batching)
         backbone = backbone_fn()
         resnet = is_resnet(cfg)

@@ -24,13 +24,13 @@ class SwAV(Method):
     kind = "swav"
 
     def __init__(self, cfg, steps_per_epoch: int, total_steps: int, backbone_fn: Callable[..., nn.Module]):
-        self.cfg = mc = cfg.method.moco
+        self.cfg = mc = cfg.method.swav
         self.per_view_bn = _bn_batching(mc.bn_batching)
         backbone = backbone_fn()
         self.student = ProjectionNet(
             backbone,
             moco_projector(backbone.embed_dim, False, mc.dim, mc.mlp_dim, bn=False, num_layers=2),
-            prototypes=Prototypes(mc.dim, mc.swav_prototypes),
+            prototypes=Prototypes(mc.dim, mc.prototypes),
         )
 
     def loss(self, batch: Batch, ctx: StepContext) -> tuple[torch.Tensor, dict]:
@@ -39,14 +39,14 @@ class SwAV(Method):
         global_scores = scores[: scores.shape[0] // n_views * n_global].detach()
         codes = torch.cat(
             [
-                sinkhorn_knopp(s, self.cfg.swav_epsilon, self.cfg.sinkhorn_iters, self.dp_group)
+                sinkhorn_knopp(s, self.cfg.epsilon, self.cfg.sinkhorn_iters, self.dp_group)
                 for s in global_scores.chunk(n_global)
             ]
         )
-        loss = cross_entropy_pairs(scores, codes, self.cfg.swav_temperature, n_global, n_views)
+        loss = cross_entropy_pairs(scores, codes, self.cfg.temperature, n_global, n_views)
         return loss, {"loss": loss.detach()}
 
     def frozen_params(self, ctx: StepContext) -> Callable[[str], bool] | None:
-        if ctx.step < self.cfg.swav_freeze_prototypes_steps:
+        if ctx.step < self.cfg.freeze_prototypes_steps:
             return lambda name: name.startswith("prototypes")
         return None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from scale.config.load import SET_IN, _load_chain, recipe_path
+from scale.methods.config import method_sections
 
 PAPERS = ("dino", "mocov3", "esvit", "drloc")
 ASSUMPTION = "assumption:"
@@ -83,10 +84,17 @@ PER_METHOD = {
         "data.views.random_erase_p",
     ],
 }
-# the kinds that read the `moco` section (MoCo v3 Table 4, DINO Table 7) source which framework the row runs
-MOCO = ["method.kind", "method.moco.temperature", "method.moco.momentum", "method.moco.momentum_cosine"]
-PER_METHOD.update(dict.fromkeys(["mocov3", "mocov2", "simclr", "byol", "swav"], MOCO))
-PER_METHOD["esvit"] = PER_METHOD["dino"] + ["method.dino.region_weight", "method.dino.region_from_epoch"]
+# the frameworks of MoCo v3 Table 4 and DINO Table 7 source which one the row runs and the settings of its own section
+# that set its loss's temperature and its momentum encoder
+FRAMEWORK = {
+    "mocov3": ["temperature", "momentum", "momentum_cosine"],
+    "mocov2": ["temperature", "momentum", "momentum_cosine"],
+    "simclr": ["temperature"],
+    "byol": ["momentum", "momentum_cosine"],
+    "swav": [],
+}
+PER_METHOD.update({kind: ["method.kind"] + [f"method.{kind}.{k}" for k in keys] for kind, keys in FRAMEWORK.items()})
+PER_METHOD["esvit"] = PER_METHOD["dino"] + ["method.esvit.region_weight", "method.esvit.region_from_epoch"]
 # what a recipe file writes that names the row rather than a hyper-parameter: not sourced key by key
 IDENTITY = (
     "meta.",
@@ -163,7 +171,14 @@ def stated_keys(cfg: DictConfig, written: set[str] = frozenset()) -> list[str]:
     keys.append("eval.protocol")
     keys += [k for k in EVAL_KEYS.get(cfg.eval.protocol, []) if cfg.eval.linear_feature != "pooled" or k not in BLOCKS]
     keys += sorted(written)
-    return [k for k in dict.fromkeys(keys) if _exists(cfg, k)]
+    return [k for k in dict.fromkeys(keys) if _exists(cfg, k) and _read(cfg, k)]
+
+
+def _read(cfg: DictConfig, key: str) -> bool:
+    """Whether the recipe's method reads `key`: a key of another kind's section of `method` (a base's, written for
+    the kind the base sets) is not one this row states."""
+    parts = key.split(".")
+    return parts[0] != "method" or len(parts) < 3 or parts[1] in method_sections(cfg.method.kind)
 
 
 def sources_of(cfg: DictConfig) -> dict[str, Source]:

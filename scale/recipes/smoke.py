@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from scale.errors import UserError
 from scale.methods import has_class_head
+from scale.methods.config import MOCO_KINDS
 from scale.recipes.check import missing_pieces
 
 SMOKE_DATASET = "photos"  # 12 classes of 64x64 crops of photos shipped by scikit-image / scikit-learn
@@ -79,9 +80,10 @@ def _shrink_views(cfg: DictConfig, supervised: bool) -> int:
 def _shrink_heads(cfg: DictConfig) -> None:
     method = cfg.method
     method.dino.out_dim, method.dino.hidden_dim, method.dino.bottleneck_dim = 64, 32, 16
-    method.moco.dim, method.moco.mlp_dim = 16, 32
-    method.moco.swav_prototypes = 16
-    method.moco.swav_freeze_prototypes_steps = min(int(method.moco.swav_freeze_prototypes_steps), 1)
+    for kind in MOCO_KINDS:
+        method[kind].dim, method[kind].mlp_dim = 16, 32
+    method.swav.prototypes = 16
+    method.swav.freeze_prototypes_steps = min(int(method.swav.freeze_prototypes_steps), 1)
     method.drloc.hidden_dim = 32
 
 
@@ -98,7 +100,8 @@ def _shrink_schedule(cfg: DictConfig) -> None:
     optim.warmup_epochs = min(float(optim.warmup_epochs), 1.0)
     dino.warmup_teacher_temp_epochs = min(int(dino.warmup_teacher_temp_epochs), 1)
     dino.freeze_last_layer = min(int(dino.freeze_last_layer), 1)
-    dino.region_from_epoch = min(int(dino.region_from_epoch), 1)
+    esvit = cfg.method.esvit
+    esvit.region_from_epoch = min(int(esvit.region_from_epoch), 1)
     if train.knn_monitor_every:
         train.knn_monitor_every = 1
         cfg.eval.knn_monitor_queue = 32

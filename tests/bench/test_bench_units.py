@@ -117,7 +117,7 @@ def test_the_planner_traces_the_training_step_itself(monkeypatch):
         return step_call(self, step, batch)
 
     monkeypatch.setattr(TrainStep, "__call__", spy)
-    trace = trace_step(load_recipe(TINY_RECIPE, ["method.dino.region_from_epoch=2"]))
+    trace = trace_step(load_recipe(TINY_RECIPE, ["method.esvit.region_from_epoch=2"]))
     assert calls == [(2, "TracingEngine", 2)]  # one step of 2 images, at the epoch where a region loss is on
     assert len(trace.blocks) == 2 * 3 and trace.loss_saved > 0 and trace.net_saved > 0  # 2 resolutions, depth 3
 

@@ -22,7 +22,7 @@ CONFIGS = {
     "drloc_swin": ("demo/drloc_tiny", []),
     "supervised_vit": ("demo/drloc_tiny", ["method.kind=supervised", "model.name=vit_nano", "model.patch_size=4"]),
     **{
-        f"moco_{kind}": ("demo/mocov3_tiny", [f"method.kind={kind}", "method.moco.queue_size=64"])
+        f"moco_{kind}": ("demo/mocov3_tiny", [f"method.kind={kind}", "method.mocov2.queue_size=64"])
         for kind in ("mocov3", "mocov2", "simclr", "byol", "swav")
     },
 }

@@ -12,6 +12,7 @@ from torch._dynamo.utils import counters
 from scale.config.schema import Recipe
 from scale.data.batch import Batch
 from scale.methods.base import StepContext
+from scale.methods.config import MOCO_KINDS
 
 STEPS, STEPS_PER_EPOCH, GLOBAL_BATCH = 4, 2, 8
 LR, WD = 1e-3, 0.04
@@ -24,7 +25,10 @@ def recipe(kind: str, engine_kw: dict, freeze_epochs: int, model_kw: dict | None
     cfg.model.name, cfg.model.img_size, cfg.model.drop_path = "vit_nano", 32, 0.0
     cfg.model.update(model_kw or {})
     cfg.method.dino.update(out_dim=64, hidden_dim=32, bottleneck_dim=16, freeze_last_layer=freeze_epochs)
-    cfg.method.moco.update(dim=16, mlp_dim=32, bn_in_heads=False)  # no SyncBN on CPU: no BatchNorm in the heads
+    for moco in MOCO_KINDS:
+        cfg.method[moco].update(dim=16, mlp_dim=32)
+        if "bn_in_heads" in cfg.method[moco]:
+            cfg.method[moco].bn_in_heads = False  # no SyncBN on CPU: no BatchNorm in the heads
     cfg.method.drloc.update(pairs=8, grid=2, hidden_dim=32)
     cfg.method.supervised.update(mixup=0.0, cutmix=0.0)  # no random mixing: every device draws differently
     cfg.data.num_classes = 4

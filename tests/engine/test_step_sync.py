@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` l
 
 TINY = {
     "dino": ["data.views.n_local=[2]"],
-    "esvit": ["data.views.n_local=[2]", "method.dino.region_from_epoch=0"],
+    "esvit": ["data.views.n_local=[2]", "method.esvit.region_from_epoch=0"],
     "mocov3": [],
     "drloc": ["method.supervised.mixup=0.0"],
 }

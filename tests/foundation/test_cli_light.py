@@ -149,6 +149,9 @@ def test_recipes_show_prints_only_the_sections_the_method_reads(capsys):
 
     assert main(["recipes", "show", "dino/table2/vit_s16"]) == 0
     shown = capsys.readouterr().out
-    assert "\n  dino:\n" in shown and "\n  moco:\n" not in shown and "\n  drloc:\n" not in shown
+    assert "\n  dino:\n" in shown and "\n  mocov3:\n" not in shown and "\n  esvit:\n" not in shown
     assert main(["recipes", "show", "dino/table2/vit_s16", "--all"]) == 0
-    assert "\n  moco:\n" in capsys.readouterr().out
+    assert "\n  mocov3:\n" in capsys.readouterr().out
+    assert main(["recipes", "show", "esvit/table1/swin_t_w7_lvlr"]) == 0  # EsViT's own and DINO's, which it extends
+    shown = capsys.readouterr().out
+    assert "\n  esvit:\n" in shown and "\n  dino:\n" in shown and "\n  supervised:\n" not in shown

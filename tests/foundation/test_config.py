@@ -173,7 +173,7 @@ def test_choice_typo_in_a_recipe_file_names_the_file(recipes):
         "method.drloc.pool=max",
         "method.dino.teacher=frozen",
         "method.dino.centering=none",
-        "method.moco.bn_batching=shared",
+        "method.mocov3.bn_batching=shared",
     ],
 )
 def test_every_choice_field_is_a_closed_set(recipes, override):

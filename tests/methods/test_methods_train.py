@@ -11,6 +11,7 @@ from scale.data.batch import Batch
 from scale.errors import UserError
 from scale.methods import build_method
 from scale.methods.base import StepContext
+from scale.methods.config import MOCO_KINDS
 
 STEPS_PER_EPOCH = 100
 
@@ -26,10 +27,11 @@ def recipe(kind: str, model: str = "vit_nano", **sections) -> object:
     cfg.method.dino.hidden_dim = 64
     cfg.method.dino.bottleneck_dim = 32
     cfg.method.dino.freeze_last_layer = 0
-    cfg.method.moco.dim = 16
-    cfg.method.moco.mlp_dim = 64
-    cfg.method.moco.swav_prototypes = 32
-    cfg.method.moco.swav_freeze_prototypes_steps = 0
+    for framework in MOCO_KINDS:
+        cfg.method[framework].dim = 16
+        cfg.method[framework].mlp_dim = 64
+    cfg.method.swav.prototypes = 32
+    cfg.method.swav.freeze_prototypes_steps = 0
     cfg.method.drloc.hidden_dim = 64
     for dotted, value in sections.items():
         OmegaConf.update(cfg, dotted.replace("__", "."), value)
@@ -187,7 +189,7 @@ def test_esvit_region_loss_and_center_follow_the_equations():
 
 
 def test_esvit_region_loss_from_epoch():
-    method = build(recipe("esvit", method__dino__region_from_epoch=2))
+    method = build(recipe("esvit", method__esvit__region_from_epoch=2))
     batch = make_batch()
     loss, metrics = method.loss(batch, StepContext(0, 0, STEPS_PER_EPOCH, 1000))
     assert "region_loss" not in metrics and loss.item() == pytest.approx(metrics["view_loss"])
@@ -196,12 +198,12 @@ def test_esvit_region_loss_from_epoch():
 
 
 def test_esvit_region_from_epoch_two_phases_and_resume():
-    """method.dino.region_from_epoch = N: the released continued_from0200_dense runs (L_V, then L_R added at epoch
+    """method.esvit.region_from_epoch = N: the released continued_from0200_dense runs (L_V, then L_R added at epoch
     N). Before N the loss is the view loss alone, the region head gets no gradient (student and teacher keep their
     common init, as the official continuation builds a fresh head_dense) and the region center stays zero; from N
     the loss is (1 - w) L_V + w L_R. A run resumed at N from a view-only checkpoint (no region center, as the
     official one) and a run resumed after N (the region center saved) compute what the run that went on computes."""
-    cfg = recipe("esvit", method__dino__region_from_epoch=2)
+    cfg = recipe("esvit", method__esvit__region_from_epoch=2)
     batch, per_epoch = make_batch(), 2
 
     def ctx(step):
@@ -256,7 +258,7 @@ def test_esvit_region_from_epoch_two_phases_and_resume():
     expected, _ = view_only.loss(batch, ctx(first))
     loss, metrics, region_grads = step(first)
     assert "region_loss" in metrics and all(g is not None for g in region_grads)
-    w = cfg.method.dino.region_weight
+    w = cfg.method.esvit.region_weight
     assert loss.item() == pytest.approx(((1 - w) * metrics["view_loss"] + w * metrics["region_loss"]).item(), rel=1e-5)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert method.region_center.any() and torch.equal(view_only.region_center, method.region_center)
@@ -287,9 +289,9 @@ def test_mocov2_trains_against_a_queue_of_other_images_keys():
     fp32 nothing casts the queue: backward needs it as it was when the logits were computed."""
     cfg = recipe(
         "mocov2",
-        method__moco__queue_size=16,
-        method__moco__momentum=0.999,
-        method__moco__momentum_cosine=False,
+        method__mocov2__queue_size=16,
+        method__mocov2__momentum=0.999,
+        method__mocov2__momentum_cosine=False,
     )
     method = build(cfg)
     names = set(dict(method.teacher.named_parameters()))
@@ -307,7 +309,7 @@ def test_mocov2_loss_uses_the_queue_before_the_step_then_enqueues_its_keys(size,
     entries, as if written one by one into a ring (wrapping; with more keys than the queue holds, the newest stay)."""
     from scale.methods.mocov2 import queue_contrastive
 
-    method = build(recipe("mocov2", method__moco__queue_size=size))
+    method = build(recipe("mocov2", method__mocov2__queue_size=size))
     batch = make_batch()
     ring = method.queue.clone()
     with torch.no_grad():  # the batch and the nets do not change here: every step has the same queries and keys
@@ -329,7 +331,7 @@ def test_mocov2_loss_uses_the_queue_before_the_step_then_enqueues_its_keys(size,
 
 
 def test_moco_joint_bn_batching_and_momentum_schedule():
-    cfg = recipe("mocov3", method__moco__bn_batching="joint", method__moco__momentum=0.99)
+    cfg = recipe("mocov3", method__mocov3__bn_batching="joint", method__mocov3__momentum=0.99)
     method = build(cfg, total_steps=3 * STEPS_PER_EPOCH)
     assert method.ema_momentum(StepContext(3 * STEPS_PER_EPOCH - 1, 2, STEPS_PER_EPOCH, 300)) == pytest.approx(1.0)
     assert_goes_down(train(method, make_batch(), 8))
@@ -341,9 +343,9 @@ def test_moco_joint_bn_batching_and_momentum_schedule():
 def test_per_view_bn_heads_with_one_image_per_forward_name_the_setting(variant):
     method = build(recipe(variant))
     ctx = StepContext(step=0, epoch=0, steps_per_epoch=1, total_steps=1)
-    with pytest.raises(UserError, match="needs at least 2 per forward, got 1.*bn_batching=joint"):
+    with pytest.raises(UserError, match=rf"needs at least 2 per forward, got 1.*method\.{variant}\.bn_batching=joint"):
         method.loss(make_batch(batch=1), ctx)
-    joint = build(recipe(variant, method__moco__bn_batching="joint"))
+    joint = build(recipe(variant, **{f"method__{variant}__bn_batching": "joint"}))
     assert torch.isfinite(joint.loss(make_batch(batch=1), ctx)[0])  # two views: two images per BatchNorm
 
 

@@ -1,5 +1,6 @@
 """The method registry: every kind that registry.KINDS declares is one Method class of scale/methods/<kind>.py and
-nothing else is, the schema's choices are the registry's, every kind builds, and the old `method.kind=mocov3` +
+nothing else is, each kind has its own settings section, the schema's choices are the registry's, every kind builds,
+and the old `method.kind=mocov3` +
 `method.moco.variant` spelling still loads (recipes, the command line, a run directory's config.yaml) with one
 deprecation notice."""
 
@@ -15,7 +16,8 @@ from scale.loop.resume import check_resumable
 from scale.loop.rundir import RunDir
 from scale.methods import build_method, has_class_head
 from scale.methods.base import Method
-from scale.methods.registry import kinds, method_class, methods
+from scale.methods.config import SECTION_TYPES, method_sections
+from scale.methods.registry import KINDS, kinds, method_class, methods
 from scale.recipes.provenance import PER_METHOD
 
 FRAMEWORKS = ("mocov3", "mocov2", "simclr", "byol", "swav")  # the kinds that were method.moco.variant values
@@ -30,6 +32,16 @@ def test_each_kind_is_one_class_that_names_itself():
     assert len({id(cls) for cls in methods().values()}) == len(kinds())
     assert all(cls.kind == kind and issubclass(cls, Method) for kind, cls in methods().items())
     assert [kind for kind in kinds() if method_class(kind).classifies] == ["drloc", "supervised"]
+
+
+def test_each_kind_owns_one_section_and_reads_those_of_the_kind_it_extends():
+    assert set(SECTION_TYPES) == set(kinds())  # method.<kind> for each kind, and no section shared by several
+    assert len(set(SECTION_TYPES.values())) == len(kinds())
+    for kind, cls in methods().items():
+        extends = KINDS[kind].extends
+        parent = cls.__mro__[1]  # the class it extends: Method, or another kind's class
+        assert extends == (parent.kind if parent is not Method else None), kind
+        assert method_sections(kind) == (kind, *(method_sections(extends) if extends else ()))
 
 
 def test_a_second_class_with_a_taken_kind_is_refused():
@@ -71,8 +83,9 @@ def tiny(kind: str):
     cfg.method.kind = kind
     cfg.model.name, cfg.model.img_size, cfg.data.num_classes = "vit_nano", 32, 4
     cfg.method.dino.out_dim, cfg.method.dino.hidden_dim, cfg.method.dino.bottleneck_dim = 64, 32, 16
-    cfg.method.moco.dim, cfg.method.moco.mlp_dim, cfg.method.moco.swav_prototypes = 16, 32, 8
-    cfg.method.moco.queue_size = 16
+    for framework in FRAMEWORKS:
+        cfg.method[framework].dim, cfg.method[framework].mlp_dim = 16, 32
+    cfg.method.swav.prototypes, cfg.method.mocov2.queue_size = 8, 16
     cfg.method.drloc.hidden_dim = 32
     return cfg
 
@@ -103,9 +116,9 @@ def recipes(tmp_path, monkeypatch):
 
 def test_old_spelling_maps_to_the_kind_with_one_notice(recipes, capsys):
     cfg = load_recipe("row")
-    assert cfg.method.kind == "simclr" and cfg.method.moco.temperature == 0.2 and "variant" not in cfg.method.moco
+    assert cfg.method.kind == "simclr" and cfg.method.simclr.temperature == 0.2 and "moco" not in cfg.method
     err = capsys.readouterr().err
-    assert err.count("deprecated") == 2  # one per file that spells it
+    assert err.count("variant is deprecated") == 2  # one per file that spells it
     assert f"{recipes / 'row.yaml'}: method.moco.variant is deprecated: write method.kind=simclr" in err
     assert f"{recipes / 'base.yaml'}: method.moco.variant is deprecated: write method.kind=mocov3" in err
     load_recipe("row")
@@ -127,7 +140,7 @@ def test_only_the_process_that_speaks_for_the_launch_says_it(recipes, monkeypatc
 def test_a_run_saved_with_the_old_spelling_resumes(recipes, tmp_path):
     run = RunDir(tmp_path / "run").create()
     saved = OmegaConf.to_container(load_recipe("row"))
-    saved["method"]["kind"], saved["method"]["moco"]["variant"] = "mocov3", "simclr"  # as an older scale wrote it
+    saved["method"]["kind"], saved["method"]["moco"] = "mocov3", {"variant": "simclr"}  # as an older scale wrote it
     run.config.write_text(OmegaConf.to_yaml(OmegaConf.create(saved)))
     (run.checkpoints / "step_000000010").mkdir()
     assert from_dict(run.read_config(), str(run.config)).method.kind == "simclr"

@@ -73,7 +73,7 @@ def test_malformed_and_dangling_entries_fail(tmp_path):
 def test_stated_keys_follow_the_method_and_the_protocol():
     moco = load_recipe("mocov3/table1/vit_b")
     keys = stated_keys(moco)
-    assert "method.moco.temperature" in keys and "eval.linear_batch" in keys
+    assert "method.mocov3.temperature" in keys and "eval.linear_batch" in keys
     assert "method.dino.out_dim" not in keys and "eval.knn_k" not in keys  # MoCo v3 has no k-NN protocol
     assert "eval.linear_n_last_blocks" not in keys  # the pooled feature has no blocks to choose
     drloc = stated_keys(load_recipe("drloc/table3/t2t_cifar10_drloc"))

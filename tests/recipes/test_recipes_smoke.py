@@ -34,8 +34,10 @@ def test_smoke_shrink_keeps_code_path(name, tmp_path):
         "method.dino.centering",
         "method.dino.loss",
         "method.dino.predictor",
-        "method.moco.bn_in_heads",
-        "method.moco.pred_layers",
+        "method.mocov3.bn_in_heads",
+        "method.mocov3.pred_layers",
+        "method.simclr.bn_in_heads",
+        "method.byol.bn_in_heads",
         "method.drloc.mode",
         "method.drloc.every_block",
         "method.drloc.exhaustive",
@@ -52,12 +54,12 @@ def test_smoke_shrink_keeps_code_path(name, tmp_path):
     ):
         assert OmegaConf.select(small, key) == OmegaConf.select(cfg, key), key
     assert [n > 0 for n in small.data.views.n_local] == [n > 0 for n in cfg.data.views.n_local]
-    assert (small.method.dino.region_from_epoch > 0) == (cfg.method.dino.region_from_epoch > 0)
+    assert (small.method.esvit.region_from_epoch > 0) == (cfg.method.esvit.region_from_epoch > 0)
     assert small.engine.precision != "fp16"
     assert small.train.global_batch == PER_RANK_BATCH * RANKS * cfg.engine.grad_accum
     assert small.data.train == str(tmp_path / "train") and small.meta.devices == RANKS
     assert max(small.data.views.global_size, *small.data.views.local_sizes) <= 64
-    assert small.method.dino.out_dim <= 64 and small.method.moco.mlp_dim <= 32
+    assert small.method.dino.out_dim <= 64 and small.method.mocov3.mlp_dim <= 32
     from_dict(OmegaConf.to_container(small))  # still a valid recipe
 
 
