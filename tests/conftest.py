@@ -79,7 +79,7 @@ LONGEST_FIRST = (
     "tests/recipes/test_recipes_smoke.py",
     "tests/slurm/",
     "tests/recipes/test_recipes_check.py",
-    "tests/engine/test_step_sync.py",
+    "tests/loop/test_step_sync.py",
     "tests/engine/test_compile.py",
     "tests/bench/test_bench_measure.py",
     "tests/eval/test_dino_beats_random_init.py",
