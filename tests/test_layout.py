@@ -58,3 +58,12 @@ def test_the_check_names_a_package_without_tests_and_a_folder_without_a_package(
 def test_the_folders_that_mirror_no_package_exist():
     # an entry outlives its folder only by mistake: the list says what each folder tests
     assert set(NOT_A_PACKAGE) <= folders_with_tests(TESTS)
+
+
+def test_the_paths_the_scheduler_names_exist():
+    # tests/conftest.py orders and groups units by path: a moved test file would silently lose its place
+    from tests.conftest import LONGEST_FIRST, SHARED_SCOPES
+
+    root = TESTS.parent
+    stale = [unit for unit in (*LONGEST_FIRST, *SHARED_SCOPES) if not (root / unit.split("::")[0]).exists()]
+    assert not stale, stale
