@@ -68,20 +68,24 @@ def xdist_scope(nodeid: str) -> str:
     return next((shared for shared in SHARED_SCOPES if path.startswith(shared)), path)
 
 
-# The longest units first (each over a minute on an idle 2-core machine), so that neither worker starts one while
-# the other is finishing; the rest follow in collection order and fill the gaps.
+# The longest units first (each over a minute on an idle 2-core machine; the run_train modules' times as the CI log
+# of 2026-11-27 gave them less the ~15 CPU s per launch that forking the launcher saves), so that neither worker
+# starts one while the other is finishing; the rest follow in collection order and fill the gaps.
 LONGEST_FIRST = (
-    "tests/demo/test_demo.py",
-    "tests/checkpoint/test_steering_runs.py",
-    "tests/checkpoint/test_faults.py",
-    "tests/checkpoint/test_disk_full.py",
-    "tests/checkpoint/test_resume.py",
     "tests/recipes/test_recipes_smoke.py",
     "tests/slurm/",
+    "tests/checkpoint/test_steering_runs.py",
+    "tests/demo/test_demo.py",
+    "tests/tools/test_device_check.py",
     "tests/recipes/test_recipes_check.py",
-    "tests/engine/test_step_sync.py",
+    "tests/test_quiet.py",
+    "tests/checkpoint/test_disk_full.py",
+    "tests/launch/test_launcher_signals.py",
     "tests/engine/test_compile.py",
     "tests/bench/test_bench_measure.py",
+    "tests/checkpoint/test_resume.py",
+    "tests/checkpoint/test_faults.py",
+    "tests/loop/test_step_sync.py",
     "tests/eval/test_dino_beats_random_init.py",
     "tests/checkpoint/test_checksums.py",
     "tests/checkpoint/test_deepspeed_files.py",

@@ -19,7 +19,7 @@ Every float, checked or not, must be finite (no .nan or .inf).
 Where the implementation keeps a table or tuple of the choices, the schema declares the same values beside the field
 (`listed_in`: the values, and where the implementation lists them) and the implementation does not check the value
 again: the loader has. The schema never imports the implementation (loading, checking and showing a recipe import no
-torch: tests/foundation/test_cli_light.py); tests/config/test_choices.py fails when the two lists differ. Adding a
+torch: tests/test_cli_light.py); tests/config/test_choices.py fails when the two lists differ. Adding a
 choice is adding it to both; adding a checked field is declaring it with one of these.
 scale/config/validate.py reads the rules back from the dataclass fields' metadata.
 """

@@ -1,6 +1,6 @@
 """The planner's trace cache (scale.bench.trace_cache): a hit judges as a fresh trace does, any change to what the
 trace reads misses, a damaged or wrong-shaped entry is traced again and rewritten, and an unwritable cache is no
-error. That a hit imports no torch: tests/foundation/test_cli_light.py (submit --dry-run on a warm cache)."""
+error. That a hit imports no torch: tests/test_cli_light.py (submit --dry-run on a warm cache)."""
 
 import argparse
 import dataclasses

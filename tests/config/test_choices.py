@@ -1,5 +1,5 @@
 """The schema declares each closed set of choices beside its field, so that loading a recipe imports no
-implementation (tests/foundation/test_cli_light.py); the implementations keep their own tuple or table of the same
+implementation (tests/test_cli_light.py); the implementations keep their own tuple or table of the same
 choices. Every declared list must equal its implementation's, in order: a choice added to one and not the other
 fails here."""
 

@@ -99,7 +99,7 @@ def test_lamb_does_not_clip_on_its_own():
 
 
 def test_every_listed_optimizer_builds_its_own_class():
-    """OPTIMIZERS is the list the recipe check accepts (optim.name, tests/foundation/test_config.py)."""
+    """OPTIMIZERS is the list the recipe check accepts (optim.name, tests/config/test_config.py)."""
     from timm.optim import Lamb, Lars
 
     from scale.optim import OPTIMIZERS

@@ -4,14 +4,13 @@ AdamW's moments and step counts: its `found_inf` skips the whole update in the k
 bad step and after it and two more (the flag is sticky until the loop reads it), and the guard names the bad step
 and its kind. The bad step itself makes no host sync: no `.item()`-like read (the CPU tests' SyncCounter) and, on
 CUDA, no synchronizing CUDA call (`torch.cuda.set_sync_debug_mode("error")` raises at one). The demo DINO recipe
-(tiny ViT) in one process, DDP and FSDP2, as tests/engine/test_step_guard.py does on the CPU."""
+(tiny ViT) in one process, DDP and FSDP2, as tests/loop/test_step_guard.py does on the CPU."""
 
 import math
 
 import pytest
 import torch
 from gpu_env import DEVICE
-from test_step_guard import TINY, nan_at, state
 
 from scale.bench.host import SyncCounter
 from scale.config import load_recipe
@@ -19,6 +18,7 @@ from scale.data.synthetic import SyntheticLoader
 from scale.engine.dist import shutdown
 from scale.engine.parallel import init_parallel
 from scale.loop.step import TrainStep
+from tests.loop.test_step_guard import TINY, nan_at, state
 
 pytestmark = pytest.mark.gpu
 

@@ -19,7 +19,7 @@ from scale.engine.parallel import init_parallel
 from scale.loop.rundir import RunDir
 from scale.loop.train import Trainer
 from scale.methods import build_method
-from tests.eval.test_validation import RECIPE
+from tests.loop.test_validation import RECIPE
 
 pytestmark = pytest.mark.gpu
 

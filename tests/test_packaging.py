@@ -18,7 +18,7 @@ from scale.config import list_recipes, load_recipe, recipe_name
 from scale.extras import MissingExtra, require
 from scale.resources import recipes_dir, slurm_template
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(scale.__file__).parent
 # modules that need an extra by design: importing them without it is the MissingExtra naming that extra
 EXTRA_MODULES = {

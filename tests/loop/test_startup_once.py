@@ -10,7 +10,7 @@ import scale.config.load
 import scale.loop.train
 from scale.checkpoint.store import CheckpointStore
 from scale.loop.train import main
-from tests.engine.test_step_guard import TINY as STEP_TINY
+from tests.loop.test_step_guard import TINY as STEP_TINY
 
 TINY = [*STEP_TINY, "engine.kind=ddp"]
 
