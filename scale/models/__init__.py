@@ -16,7 +16,7 @@ import importlib
 # The families register their backbones on import. They import torch and timm (~2 s), so they are imported on first
 # use of a backbone, one family at a time: the recipe schema (scale.models.config) reads the names declared here.
 FAMILIES = ("cvt", "pvt", "resnet", "swin", "t2t", "vil", "vit")
-# every value of model.name, with the family module that registers it (tests/models/test_registry_light.py: the
+# every value of model.name, with the family module that registers it (tests/models/test_backbone_registry.py: the
 # families register exactly these)
 BACKBONES = {
     **{f"cvt_{size}": "cvt" for size in ("13", "nano", "nano_w", "tiny")},
