@@ -207,17 +207,17 @@ class Trainer:
                 self.heartbeat.begin_step(step)
                 batch, data_wait = self.step.next_batch(batches)
                 self.unread_keys[step] = batch.keys
+                done = step + 1
+                validate = self.validation and self.validation.due(done, stop, self.steps_per_epoch)
+                logged = self.is_log_step(step) or validate
                 try:
-                    record = self.step(step, batch)
+                    record = self.step(step, batch, log=bool(logged))
                 except NonFiniteStep:
                     self.check_finite()
                     raise
                 record["data_wait_s"] = data_wait
-                done = step + 1
-                validate = self.validation and self.validation.due(done, stop, self.steps_per_epoch)
                 save = done % self.ckpt_every() == 0 and done != stop
                 preempt_check = done % self.cfg.train.preempt_check_every == 0 or done == stop
-                logged = self.is_log_step(step) or validate
                 if logged or save or preempt_check:
                     self.check_finite()  # before anything reads the weights or writes them
                 if validate:
