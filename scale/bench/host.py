@@ -191,7 +191,7 @@ def count_step(trainer, step: int, batches) -> OpCounter:
     with OpCounter(phases) as counter:
         with phases("data"):
             batch, _ = trainer.next_batch(batches)
-        trainer(step, batch)
+        trainer(step, batch, log=False)
     return counter
 
 
@@ -204,7 +204,7 @@ def host_budget(cfg, info, device, steps: int = 3, warmup: int = 1, synthetic: b
     trainer = bench_trainer(cfg, info, device, synthetic, phase=phases)
     batches = trainer.batches()
     for step in range(warmup):
-        trainer(step, trainer.next_batch(batches)[0])
+        trainer(step, trainer.next_batch(batches)[0], log=False)
     counter = count_step(trainer, warmup, batches)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
@@ -212,7 +212,7 @@ def host_budget(cfg, info, device, steps: int = 3, warmup: int = 1, synthetic: b
     for step in range(warmup + 1, warmup + 1 + steps):
         with phases("data"):
             batch, _ = trainer.next_batch(batches)
-        trainer(step, batch)
+        trainer(step, batch, log=False)
     phases._switch()
     ms = {p: 1000 * phases.seconds.get(p, 0.0) / steps for p in PHASES}
     sync()

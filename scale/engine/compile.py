@@ -22,10 +22,11 @@ from scale.engine.activation_checkpointing import part_blocks
 from scale.methods.base import Method
 
 # Dynamo keeps the graphs of one function's code together, whichever module calls it, and by default gives up
-# (fullgraph: fails) after 8 of them. Identical blocks share a graph, but every block's stochastic-depth rate is a
-# constant of its graph, and crop resolution and grad mode (student or no-grad teacher) specialise it too: ViT-S/16
-# with drop-path already needs 12 rates x 2 resolutions + the teacher = 25 graphs, ViT-H/14 with 32 blocks and
-# three crop sizes about 100. Dynamo's cap over all regions of one function (accumulated_recompile_limit) is 256.
+# (fullgraph: fails) after 8 of them. Identical blocks share a graph, but crop resolution and grad mode (student or
+# no-grad teacher) specialise it, and so do a block's stochastic-depth rate where the block draws its own mask (a ViT
+# passes its blocks masks drawn for the pass: one graph for all rates). ViT-H/14 with three crop sizes and other
+# backbones' per-block rates can still need about 100. Dynamo's cap over all regions of one function
+# (accumulated_recompile_limit) is 256.
 RECOMPILE_LIMIT = 256
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 KINDS = {1: "non-finite loss", 2: "non-finite gradient norm", 3: "overflowing update (parameters beyond fp32 range)"}
 LOSS, GRADIENT, UPDATE = 1, 2, 3
 _NONE = 2**62  # "no bad step" in the min-reduced first-bad code
+_FLOAT_MAX = torch.finfo(torch.float32).max
 
 
 class FiniteGuard:
@@ -27,28 +28,30 @@ class FiniteGuard:
         self.step = 0  # the step being checked (0-based), set by `begin`
         self.bad = torch.zeros((), dtype=torch.float32, device=device)  # 0 or 1; the optimizers' found_inf
         self.first = torch.full((), _NONE, dtype=torch.int64, device=device)  # step * 4 + kind
+        self._set = torch.ones((), dtype=torch.float32, device=device)  # what `bad` becomes (where needs a tensor)
 
     def begin(self, step: int) -> None:
         self.step = step
 
-    def _mark(self, kind: int, value: torch.Tensor) -> None:
-        """Set the flag when the 0-d `value` is not finite: x - x is 0 for a finite x and NaN for inf or NaN (two
-        launches, where torch.isfinite takes four)."""
-        bad_now = (value - value).ne(0)
-        code = torch.where(bad_now, self.step * 4 + kind, _NONE)
-        torch.minimum(self.first, code, out=self.first)
-        torch.maximum(self.bad, bad_now, out=self.bad)  # bool promoted to float inside the op: no cast launch
+    def _mark(self, kind: int, value: torch.Tensor, nonnegative: bool = False) -> None:
+        """Set the flag when the 0-d fp32 `value` is not finite. Four launches for a `nonnegative` value (a norm:
+        finite exactly when <= the largest float, NaN compares false), five for any (x - x is 0 for a finite x,
+        NaN for inf or NaN)."""
+        good = value.le(_FLOAT_MAX) if nonnegative else (value - value).eq(0)
+        torch.minimum(self.first, torch.where(good, _NONE, self.step * 4 + kind), out=self.first)
+        torch.where(good, self.bad, self._set, out=self.bad)  # sticky: once set (by any rank), it stays set
 
     def check_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
         """Before the update: fold this step's losses into the flag and agree on it across ranks (one all-reduce
         of a scalar, no host wait). Returns the flag for the optimizer step."""
-        self._mark(LOSS, torch.stack([loss.detach().float() for loss in losses]).sum())
+        total = losses[0].detach() if len(losses) == 1 else torch.stack([loss.detach() for loss in losses]).sum()
+        self._mark(LOSS, total.float())  # a no-op on an fp32 loss
         if self.group is not None and dist.get_world_size(self.group) > 1:
             dist.all_reduce(self.bad, op=dist.ReduceOp.MAX, group=self.group)
         return self.bad
 
     def check_gradient(self, grad_norm: torch.Tensor) -> None:
-        self._mark(GRADIENT, grad_norm)
+        self._mark(GRADIENT, grad_norm, nonnegative=True)
 
     @torch.no_grad()
     def check_update(self, locals_: list[torch.Tensor]) -> None:
@@ -56,8 +59,11 @@ class FiniteGuard:
         tensors this rank holds (local shards, not DTensors), listed once by the engine."""
         if not locals_:
             return
-        sq = torch.stack(torch._foreach_norm(locals_)).float().pow(2).sum()
-        self._mark(UPDATE, sq)
+        # the norm of the norms, sqrt(sum of squares): not finite exactly when the fp32 sum of squares is not
+        # (norm kernels sum the squares without rescaling)
+        self._mark(
+            UPDATE, torch.linalg.vector_norm(torch.stack(torch._foreach_norm(locals_)), dtype=torch.float32), True
+        )
 
     def read(self) -> tuple[int, str] | None:
         """Collective, a host read: None when every step so far was good on every rank, else the first bad

@@ -26,12 +26,13 @@ class Monitors:
         every = self.cfg.train.grad_monitor_every
         return self.grad(student) if every and (step + 1) % every == 0 else {}
 
-    def after_step(self, step: int, features: torch.Tensor | None, labels: torch.Tensor) -> dict:
-        """The embeddings' spread (collapse alarm) and the online probe's step, on the device; enqueue this step's
-        features, the k-NN accuracy every train.knn_monitor_every steps. Collectives."""
+    def after_step(self, step: int, features: torch.Tensor | None, labels: torch.Tensor, log: bool = True) -> dict:
+        """The embeddings' spread (collapse alarm; on log steps, whose records it reads) and the online probe's
+        step, on the device; enqueue this step's features, the k-NN accuracy every train.knn_monitor_every steps.
+        Collectives."""
         if features is None:
             return {}
-        spread = self.cfg.train.collapse.window_epochs and features.shape[0] > 1  # a std needs two samples
+        spread = log and self.cfg.train.collapse.window_epochs and features.shape[0] > 1  # a std needs two samples
         out = {"embedding_std": embedding_std(features)} if spread else {}
         if labels.dim() != 1:  # mixed (soft) labels: no class per sample
             return out

@@ -102,18 +102,21 @@ class TrainStep:
             batch = batch.to(self.device)
         return batch, time.perf_counter() - start
 
-    def context(self, step: int) -> StepContext:
+    def context(self, step: int, log: bool = True) -> StepContext:
         return StepContext(
             step=step,
             epoch=step // self.steps_per_epoch,
             steps_per_epoch=self.steps_per_epoch,
             total_steps=self.total_steps,
+            log=log,
         )
 
-    def __call__(self, step: int, batch: Batch) -> dict:
+    def __call__(self, step: int, batch: Batch, log: bool = True) -> dict:
         """One optimizer step over `batch` (split into engine.grad_accum micro-batches). Returns the step's
-        record; its tensor values are read on the host by `read_record`."""
-        ctx = self.context(step)
+        record; its tensor values are read on the host by `read_record`. `log`: the record will be read (a log
+        step): only then are the monitors computed that nothing but the record reads (teacher entropy and KL,
+        the embeddings' spread)."""
+        ctx = self.context(step, log)
         lr, wd = self.lr(step), self.weight_decay(step)
         apply_schedule(self.engine.optimizer.param_groups, lr, wd)
         self.guard.begin(step)
@@ -146,7 +149,7 @@ class TrainStep:
                 self.engine.ema(momentum, self.guard)
         step_time = time.perf_counter() - started
         with self.phase("metrics"):
-            totals.update(self.monitors.after_step(step, self.method.monitor_features, batch.labels))
+            totals.update(self.monitors.after_step(step, self.method.monitor_features, batch.labels, log))
         return {
             **totals,
             "lr": lr,

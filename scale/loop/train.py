@@ -182,8 +182,8 @@ class Trainer:
         plan, ended = None, "stopped"
         try:
             for step in range(start, self.cadence.stop):
-                record = self.train_step(step, batches)
-                plan = self.cadence.at(step)
+                plan = self.cadence.at(step)  # before the step: a logged step also computes what is logged
+                record = self.train_step(step, batches, log=plan.log)
                 self.report(step, plan, record)
                 maybe_inject("step", plan.done)
                 maybe_inject("preempt", plan.done)
@@ -228,13 +228,14 @@ class Trainer:
         self.heartbeat.bar = self.bar if self.info.is_main else None
         return start
 
-    def train_step(self, step: int, batches) -> dict:
-        """One step over the next batch; its record (tensors on the device), with the host's wait for the batch."""
+    def train_step(self, step: int, batches, log: bool) -> dict:
+        """One step over the next batch; its record (tensors on the device), with the host's wait for the batch.
+        `log`: the step is logged, so it also computes the figures only a logged line shows (entropy, KL)."""
         self.heartbeat.begin_step(step)
         batch, data_wait = self.step.next_batch(batches)
         self.unread_keys[step] = batch.keys
         try:
-            record = self.step(step, batch)
+            record = self.step(step, batch, log=log)
         except NonFiniteStep:  # an engine that reads the guard each step: stop with the guard's message
             self.check_finite()
             raise

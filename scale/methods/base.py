@@ -32,6 +32,9 @@ class StepContext:
     epoch: int
     steps_per_epoch: int
     total_steps: int
+    # a log step: the loop reads this step's record, so the monitors the record alone carries (DINO's teacher
+    # entropy and teacher-student KL, which the collapse alarm reads) are computed; other steps skip them
+    log: bool = True
 
     @property
     def epoch_float(self) -> float:

@@ -6,6 +6,7 @@ with the center c an EMA (0.9) of the teacher outputs of the global batch. The v
 Sinkhorn-Knopp, no multi-crop through the views config, MSE, predictor) are options of `DinoConfig`.
 """
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -35,7 +36,7 @@ def teacher_probs(
     assignments of t / T_t (Table 7 row 3)."""
     if sinkhorn_iters > 0:
         return sinkhorn_knopp(teacher_logits, temp, sinkhorn_iters, group)
-    return F.softmax((teacher_logits.float() - center) / temp, dim=-1)
+    return F.softmax((teacher_logits - center) / temp, dim=-1)  # in fp32: the center is (no cast launch)
 
 
 def pair_mask(teacher_views: int, student_views: int, device=None) -> torch.Tensor:
@@ -58,7 +59,11 @@ def cross_entropy_pairs(
     log_ps = F.log_softmax(student_logits.float() / student_temp, dim=-1).unflatten(0, (student_views, -1))
     pt = targets.unflatten(0, (teacher_views, -1))
     batch = pt.shape[1]
-    ce = -torch.einsum("tbk,sbk->ts", pt, log_ps) / batch  # [V_t, V_s]
+    # in fp32 as the official loss (an elementwise product and sum): autocast would run the einsum's matmul on
+    # inputs rounded to bf16, and return the loss in bf16
+    device = log_ps.device.type
+    with torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else contextlib.nullcontext():
+        ce = -torch.einsum("tbk,sbk->ts", pt, log_ps) / batch  # [V_t, V_s]
     mask = pair_mask(teacher_views, student_views, ce.device)
     # a masked sum over a count known on the host (indexing by the mask would wait for the device on a GPU)
     return torch.where(mask, ce, 0.0).sum() / pair_count(teacher_views, student_views)
@@ -131,17 +136,24 @@ class Dino(Method):
         iters = self.cfg.sinkhorn_iters if self.cfg.centering == "sinkhorn" else 0
         return teacher_probs(teacher_logits, center, temp, iters, self.dp_group)
 
-    def view_loss(self, student_logits, teacher_logits, temp, n_teacher, n_student) -> tuple[torch.Tensor, dict]:
+    def view_loss(
+        self, student_logits, teacher_logits, temp, n_teacher, n_student, log: bool = True
+    ) -> tuple[torch.Tensor, dict]:
+        """The loss and, when `log` (a step whose record is read), the teacher entropy and teacher-student KL."""
         self.center = self.center.to(teacher_logits.device)
         targets = self._targets(teacher_logits, self.center, temp)
-        ce = cross_entropy_pairs(student_logits, targets, self.cfg.student_temp, n_teacher, n_student)
-        if self.cfg.loss == "mse":
-            loss = mse_pairs(student_logits, targets, self.cfg.student_temp, n_teacher, n_student)
-        else:
-            loss = ce
-        h = entropy(targets).detach()
+        mse = self.cfg.loss == "mse"
+        ce = (
+            cross_entropy_pairs(student_logits, targets, self.cfg.student_temp, n_teacher, n_student)
+            if log or not mse
+            else None
+        )
+        loss = mse_pairs(student_logits, targets, self.cfg.student_temp, n_teacher, n_student) if mse else ce
         if self.cfg.centering == "center":
             self.center = updated_center(self.center, teacher_logits, self.cfg.center_momentum, self.dp_group)
+        if not log:
+            return loss, {}
+        h = entropy(targets).detach()
         # H(P_t, P_s) = h(P_t) + KL(P_t || P_s) (paper Eq. 5); every teacher view is in the same number of pairs
         return loss, {"teacher_entropy": h, "teacher_student_kl": ce.detach() - h}
 
@@ -152,7 +164,9 @@ class Dino(Method):
         teacher_logits = teacher["logits"]
         self.monitor_features = teacher["pooled"][: batch.batch_size].detach()
         student_logits = self.student(batch.crops, region=False)["logits"]
-        loss, metrics = self.view_loss(student_logits, teacher_logits, self.temperature(ctx), n_teacher, n_student)
+        loss, metrics = self.view_loss(
+            student_logits, teacher_logits, self.temperature(ctx), n_teacher, n_student, ctx.log
+        )
         return loss, {"loss": loss.detach(), "teacher_temp": self.temperature(ctx), **metrics}
 
     def ema_momentum(self, ctx: StepContext) -> float:

@@ -198,7 +198,7 @@ class Esvit(Dino):
                 targets, region_center = self.region_targets(teacher["region_logits"], temp)
         self.monitor_features = teacher["pooled"][: batch.batch_size].detach()
         student = self.student(batch.crops, region=region)
-        view, metrics = self.view_loss(student["logits"], teacher["logits"], temp, n_teacher, n_student)
+        view, metrics = self.view_loss(student["logits"], teacher["logits"], temp, n_teacher, n_student, ctx.log)
         if not region:
             return view, {"loss": view.detach(), "view_loss": view.detach(), "teacher_temp": temp, **metrics}
 

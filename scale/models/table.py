@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import torch
 from omegaconf import OmegaConf
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from scale.config import list_recipes, load_recipe, recipe_name
 from scale.errors import UserError
@@ -80,7 +81,32 @@ def build(cfg) -> tuple[ModelConfig, torch.nn.Module]:
     stochastic depth (a training option that counts nothing, and would tell recipes' backbones apart)."""
     patch = cfg.patch_size or 1
     cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg, {"img_size": accepted_px(cfg.img_size, patch)})
-    return cfg, build_backbone(cfg, drop_path=0.0, device="meta")
+    with SkipInitOnMeta():
+        return cfg, build_backbone(cfg, drop_path=0.0, device="meta")
+
+
+class SkipInitOnMeta(TorchDispatchMode):
+    """In-place ops that only write values (an initialisation's normal_, clamp_, mul_, fill_...) return their meta
+    tensor untouched: it holds no values, and torch runs such ops on the meta device through Python meta kernels,
+    most of a large backbone's build time. Ops that change a tensor's shape or strides in place run."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _writes_values_only(func) and torch.is_tensor(args[0]) and args[0].device.type == "meta":
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def _writes_values_only(func) -> bool:
+    schema = func._schema
+    first = schema.arguments[0] if schema.arguments else None
+    return (
+        schema.name.endswith("_")
+        and first is not None
+        and first.alias_info is not None
+        and first.alias_info.is_write
+        and torch.Tag.inplace_view not in func.tags
+        and schema.name not in ("aten::resize_", "aten::resize_as_", "aten::set_", "aten::detach_")
+    )
 
 
 def describe(cfg, model: torch.nn.Module | None = None, counted: dict | None = None) -> dict:

@@ -8,6 +8,7 @@
 import math
 
 import torch
+from timm.layers import DropPath, LayerScale
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -43,7 +44,25 @@ class TokenBatchNorm(nn.Module):
         return self.bn(x.flatten(0, 1)).view_as(x)
 
 
-class BNMlpBlock(Block):
+class ViTBlock(Block):
+    """timm's block, whose two drop paths may take their per-sample masks from the caller (`ViT.drop_masks`: one
+    draw for every block of a pass) instead of drawing them one by one."""
+
+    def forward(self, x: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
+        if masks is None:
+            return super().forward(x)
+        x = x + _dropped(self.ls1(self.attn(self.norm1(x))), masks[0])
+        return x + _dropped(self.ls2(self.mlp(self.norm2(x))), masks[1])
+
+
+def _dropped(branch: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """timm's `drop_path` with its scaled mask given: branch * (0 or 1/keep per sample). A mask drawn in another
+    dtype is cast first, which rounds as timm's mask drawn in the branch's dtype does (1/keep is computed in fp32
+    for both)."""
+    return branch * mask.to(branch.dtype).view(-1, *(1,) * (branch.ndim - 1))
+
+
+class BNMlpBlock(ViTBlock):
     """MoCo v3's ViT-BN block: BN replaces the LayerNorm in front of the MLP; attention keeps its LayerNorm."""
 
     def __init__(self, dim: int, **kwargs):
@@ -92,7 +111,7 @@ class ViT(VisionTransformer):
             fc_norm=False,
             dynamic_img_size=True,
             drop_path_rate=drop_path,
-            block_fn=BNMlpBlock if bn_mlp else Block,
+            block_fn=BNMlpBlock if bn_mlp else ViTBlock,
             init_values=layer_scale,  # timm's LayerScale: ls1.gamma / ls2.gamma, DINOv2's names
             weight_init="skip",
         )
@@ -107,6 +126,7 @@ class ViT(VisionTransformer):
         self.token_dim = embed_dim
         if frozen_patch_embed:
             self.patch_embed.proj.requires_grad_(False)
+        self._keep_on: dict[tuple, torch.Tensor] = {}  # stochastic depth's keep rates on a device, copied there once
         self.init_weights()
 
     def init_weights(self, mode: str = "", needs_reset: bool = True) -> None:
@@ -157,10 +177,37 @@ class ViT(VisionTransformer):
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, 0] if self.has_class_token else x[:, self.num_prefix_tokens :].mean(dim=1)
 
+    def drop_masks(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The scaled stochastic-depth masks of every block of this pass, [blocks, 2 paths, batch] (a block of rate
+        0 is given none: timm has no drop path there), or None when training is off or no block drops. One Bernoulli draw and one scaling for all
+        paths, where timm draws and scales per path (two launches each, 44 per pass for ViT-S): the masks are
+        timm's (per sample 1/keep with probability keep, else 0), drawn from the same generator in another order.
+        They are drawn in the dtype the branches will have (the autocast dtype, promoted by a layer scale), so
+        that applying one launches nothing but the product."""
+        rates = self.keep_rates()
+        if not self.training or min(rates) == 1.0:
+            return None
+        keep = self._keep_on.get((x.device, rates))
+        if keep is None:
+            keep = self._keep_on[x.device, rates] = torch.tensor(rates, device=x.device)[:, None, None]
+        masks = torch.empty(len(rates), 2, x.shape[0], dtype=self._branch_dtype(x), device=x.device)
+        return masks.bernoulli_(keep).div_(keep)
+
+    def keep_rates(self) -> tuple[float, ...]:
+        """Each block's probability of keeping its branches (timm's DropPath rate, set by its linear rule)."""
+        return tuple(1.0 - b.drop_path1.drop_prob if isinstance(b.drop_path1, DropPath) else 1.0 for b in self.blocks)
+
+    def _branch_dtype(self, x: torch.Tensor) -> torch.dtype:
+        device, first = x.device.type, self.blocks[0]
+        autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        dtype = torch.get_autocast_dtype(device) if autocast else first.attn.proj.weight.dtype
+        return torch.promote_types(dtype, first.ls1.gamma.dtype) if isinstance(first.ls1, LayerScale) else dtype
+
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         x, grid = self._embed(x)
-        for block in self.blocks:
-            x = block(x)
+        masks = self.drop_masks(x)
+        for index, block in enumerate(self.blocks):
+            x = block(x) if masks is None or isinstance(block.drop_path1, nn.Identity) else block(x, masks[index])
         x = self.norm(x)
         return {"pooled": self._pool(x), "tokens": x[:, self.num_prefix_tokens :], "grid": grid}
 

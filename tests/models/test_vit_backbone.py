@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from timm.layers import DropPath
 
 from scale.errors import UserError
 from scale.models import build_backbone, init_weights
@@ -179,3 +180,30 @@ def test_meta_build_then_materialise_and_init_is_deterministic():
 def test_bad_options_are_user_errors(key, value):
     with pytest.raises(UserError, match=key if key != "name" else "model.name"):
         build_backbone(ModelConfig(**{"name": "vit_nano", key: value}), device="meta")
+
+
+def test_drop_path_masks_are_timms_drawn_once_per_pass():
+    """Stochastic depth draws one Bernoulli tensor for every block of a pass (timm draws per path: 2 launches
+    each); each block's masks hold timm's values (0 or 1/keep rounded in the branch dtype, bf16 under autocast),
+    and a block given masks computes timm's block (all kept: the eval-mode output, bit for bit)."""
+    from scale.bench.host import OpCounter, Phases
+
+    model = vit(img_size=32)
+    for block, rate in zip(model.blocks[1:], (0.25, 0.5)):
+        block.drop_path1 = block.drop_path2 = DropPath(rate)
+    model.train()
+    images = torch.randn(512, 3, 32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        masks = model.drop_masks(images)
+    assert masks.shape == (3, 2, 512) and masks.dtype == torch.bfloat16
+    for keep, block_masks in zip((1.0, 0.75, 0.5), masks):
+        scaled = torch.ones((), dtype=torch.bfloat16).div_(keep).item()  # timm: random_tensor.div_(keep_prob)
+        assert set(block_masks.unique().tolist()) <= {0.0, scaled}
+        assert abs((block_masks > 0).float().mean().item() - keep) < 0.05
+    phases = Phases()
+    with OpCounter(phases) as counter:
+        model(images[:4])
+    assert counter.launched["other"]["aten::bernoulli_"] == 1
+    block, x = model.blocks[1], torch.randn(4, 17, 64)
+    ones = torch.ones(2, 4)
+    assert torch.equal(block(x, ones), block.eval()(x))
