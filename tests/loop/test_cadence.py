@@ -19,7 +19,7 @@ from scale.loop.cadence import Cadence, StepPlan
 from scale.loop.preemption import Preemption
 from scale.loop.rundir import RunDir
 from scale.loop.train import Trainer
-from tests.engine.test_step_guard import TINY
+from tests.loop.test_step_guard import TINY
 
 FIELDS = ("log", "validate", "check_finite", "check_preemption", "save", "stop")
 
