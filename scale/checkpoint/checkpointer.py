@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
-from scale.checkpoint import rng
+from scale.checkpoint import state as rng
 from scale.checkpoint.diskspace import weights_bytes, write_errors, write_failed
 from scale.checkpoint.fit import check_deepspeed_fits, check_fits
 from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch

@@ -24,7 +24,7 @@ from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.faults import maybe_inject
 from scale.launch.local import CHECKED, LAUNCH_MARK, already_launched, spawn
 from scale.loop.preemption import Preemption
-from scale.loop.resume import check_resumable
+from scale.checkpoint.resume import check_resumable
 from scale.loop.rundir import RunDir, setup_logging
 from scale.loop.runlock import RunLock
 from scale.loop.runlock import hold as hold_run_lock
@@ -96,7 +96,7 @@ class Start:
 
 
 def read_start(run: RunDir, cfg: DictConfig) -> Start:
-    """Raises ConfigError when the run directory cannot continue with this recipe (scale.loop.resume)."""
+    """Raises ConfigError when the run directory cannot continue with this recipe (scale.checkpoint.resume)."""
     return Start(check_resumable(run, cfg), not CheckpointStore(run.checkpoints).candidates())
 
 

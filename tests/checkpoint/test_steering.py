@@ -18,7 +18,7 @@ from scale.config.schema import Recipe
 from scale.config.validate import get_key, schema_rules
 from scale.engine.parallel import ParallelContext
 from scale.errors import ConfigError, UserError
-from scale.loop.resume import check_compatible, keys_with
+from scale.checkpoint.resume import check_compatible, keys_with
 from tests.checkpoint.test_checkpointer_state import CountingLoader, Stateful
 from tests.checkpoint.test_fixed_fields import perturbed
 

@@ -6,7 +6,7 @@ from scale.cli import main
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.errors import ConfigError, UserError
-from scale.loop.resume import check_resumable
+from scale.checkpoint.resume import check_resumable
 from scale.loop.rundir import RunDir
 
 

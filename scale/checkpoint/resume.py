@@ -10,7 +10,6 @@ from scale.config.load import from_dict
 from scale.config.schema import Recipe
 from scale.config.validate import get_key, schema_rules
 from scale.errors import ConfigError
-from scale.loop.rundir import RunDir
 
 
 def keys_with(resume: str) -> list[str]:
@@ -43,7 +42,7 @@ def check_compatible(saved: DictConfig, new: DictConfig, where: str) -> list[str
     return _changes(saved, new, keys_with(NOTED))
 
 
-def check_resumable(run: RunDir, cfg: DictConfig) -> list[str]:
+def check_resumable(run, cfg: DictConfig) -> list[str]:
     """A run directory with a checkpoint continues only with a compatible recipe (the changes it allowed but
     notes are returned); one without (a start that failed before its first checkpoint) takes any recipe."""
     if run.config.exists() and CheckpointStore(run.checkpoints).step_dirs():
