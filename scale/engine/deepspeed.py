@@ -18,8 +18,10 @@ optimizer is a torch optimizer from scale.optim with the same parameter groups a
   once unfrozen its bias correction is that of the group.
 - LARS and LAMB compute trust ratios per tensor, which DeepSpeed's flat partitions would turn into one ratio per
   partition: they are refused (use ddp or fsdp2).
-- Checkpoints are DeepSpeed's own (`save_native` / `load_native`). ZeRO-1/2 checkpoints also resume on another
-  world size, through DeepSpeed's universal checkpoint format (converted on first use); ZeRO-3 ones do not.
+- Checkpoints are DeepSpeed's own (`save_native` / `load_native`, DeepSpeed's calls only). ZeRO-1/2 checkpoints
+  also resume on another world size, through DeepSpeed's universal checkpoint format (converted on first use);
+  ZeRO-3 ones do not. The teacher's file and the buffers an elastic load needs are written and read by
+  scale.checkpoint.state, which hands their tensors to `teacher_state` / `load_teacher_state` / `load_buffers`.
 """
 
 import hashlib
@@ -36,7 +38,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scale.engine import rollback
 from scale.engine.base import Engine
 from scale.engine.ds_internals import (
     client_optimizer,
@@ -150,6 +151,7 @@ def universal_folder(folder: Path) -> Path:
 class DeepSpeedEngine(Engine):
     kind = "deepspeed"
     native_checkpoint = True
+    checkpoint_tag = CHECKPOINT_TAG
     syncs_each_step = True
 
     def __init__(self, engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device):
@@ -371,13 +373,12 @@ class DeepSpeedEngine(Engine):
             )
         if failed:
             raise failed[0]
-        if self.method.teacher is not None:
-            self.save_teacher(folder)
 
     def load_native(self, folder, saved_world_size: int, optimizer: bool = True) -> None:
         """On the saving world size, DeepSpeed's own load; on another (ZeRO-1/2), through its universal checkpoint
         format, converted once beside the checkpoint. `optimizer` False: the optimizer keeps its fresh state.
-        The checkpointer has checked that the checkpoint fits this model (scale.checkpoint.fit)."""
+        The checkpointer has checked that the checkpoint fits this model (scale.checkpoint.fit) and rolls a load
+        that fails half-way back (`rollback_point`)."""
         folder = Path(folder)
         elastic = saved_world_size != self.dist_info.world_size
         if elastic and self.stage == 3:
@@ -387,14 +388,6 @@ class DeepSpeedEngine(Engine):
                 f"next update differs from the uninterrupted run's). Resume on {saved_world_size} ranks, or train "
                 f"with engine.kind=fsdp2, whose checkpoints load on any number of ranks."
             )
-        saved = self._snapshot()  # a load that fails half-way leaves none of the failed checkpoint's tensors
-        try:
-            self._load(folder, elastic, optimizer)
-        except BaseException:
-            self._restore(saved)
-            raise
-
-    def _load(self, folder: Path, elastic: bool, optimizer: bool) -> None:
         recipe = settings(client_optimizer(self.ds.optimizer))
         source = universal_folder(folder) if elastic else folder
         with universal_load(self.ds, elastic):
@@ -405,17 +398,14 @@ class DeepSpeedEngine(Engine):
         keep_settings(client_optimizer(self.ds.optimizer), recipe)
         if path is None:
             raise UserError(f"{folder}: no DeepSpeed checkpoint (tag '{CHECKPOINT_TAG}') found")
-        if elastic:
-            self._load_student_buffers(folder)
-        if self.method.teacher is not None:
-            self.load_teacher(folder)
 
-    def _snapshot(self) -> tuple:
-        """CPU copies of what a load writes into: the weights and buffers this rank holds, the fp32 masters, the
-        teacher. The inner optimizer's state tensors and groups by reference, which costs no memory: every load of
-        the checkpoints this engine writes puts new ones in place (torch's Optimizer.load_state_dict, the universal
-        loads' new buffers; only DeepSpeed's ZeRO-1/2 load of an `elastic_checkpoint` file, which it never writes,
-        copies into them), and ZeRO-3's load appends to the groups' `params` lists. DeepSpeed's step counters."""
+    def rollback_point(self) -> tuple[list, Callable[[], None]]:
+        """What a load writes into, for scale.checkpoint.state.rolled_back: the weights and buffers this rank
+        holds, the fp32 masters, the teacher (copied there); and a function putting back the inner optimizer's
+        state tensors and groups, kept by reference, which costs no memory: every load of the checkpoints this
+        engine writes puts new ones in place (torch's Optimizer.load_state_dict, the universal loads' new buffers;
+        only DeepSpeed's ZeRO-1/2 load of an `elastic_checkpoint` file, which it never writes, copies into them),
+        and ZeRO-3's load appends to the groups' `params` lists; and DeepSpeed's step counters."""
         masters = fp32_master_partitions(self.ds.optimizer, self.stage)
         live = [self.held(self.ds.module), list(self.ds.module.buffers()), list(masters)]
         if self.method.teacher is not None:
@@ -423,30 +413,29 @@ class DeepSpeedEngine(Engine):
         inner = client_optimizer(self.ds.optimizer)
         state = {p: dict(s) for p, s in inner.state.items()}  # the loads set keys of these dicts: shallow copies
         counters = {name: getattr(self.ds, name) for name in COUNTERS}
-        kept = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in inner.param_groups]
-        return rollback.snapshot(live), inner.param_groups, kept, state, counters
+        groups = inner.param_groups
+        kept_groups = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in groups]
 
-    def _restore(self, saved: tuple) -> None:
-        tensors, groups, kept_groups, state, counters = saved
-        rollback.restore(tensors)
-        inner = client_optimizer(self.ds.optimizer)
-        inner.state = defaultdict(dict, state)
-        inner.param_groups = groups
-        for group, kept in zip(groups, kept_groups):
-            group.clear()
-            group.update(kept)
-        for name, value in counters.items():
-            setattr(self.ds, name, value)
+        def undo() -> None:
+            inner = client_optimizer(self.ds.optimizer)
+            inner.state = defaultdict(dict, state)
+            inner.param_groups = groups
+            for group, kept in zip(groups, kept_groups):
+                group.clear()
+                group.update(kept)
+            for name, value in counters.items():
+                setattr(self.ds, name, value)
 
-    def _load_student_buffers(self, folder: Path) -> None:
+        return live, undo
+
+    def load_buffers(self, saved: dict[str, torch.Tensor], source) -> None:
         """The universal format carries parameters only: buffers (BatchNorm statistics) come from rank 0's model
-        states, as DCP keeps one copy of replicated buffers."""
-        first = sorted((folder / CHECKPOINT_TAG).glob("*model_states.pt"))[0]
-        saved = torch.load(first, map_location="cpu", weights_only=True)["module"]  # ZeRO-1/2: every weight too
+        states (`saved`, read from `source` by scale.checkpoint.state), as DCP keeps one copy of replicated
+        buffers."""
         with torch.no_grad():
             for name, buffer in self.ds.module.named_buffers():
                 if name not in saved:
-                    raise UserError(f"{first}: no entry for buffer '{name}'")
+                    raise UserError(f"{source}: no entry for buffer '{name}'")
                 buffer.copy_(saved[name])
 
     def teacher_state(self) -> dict[str, torch.Tensor]:
@@ -458,19 +447,12 @@ class DeepSpeedEngine(Engine):
             }
         return module.state_dict()
 
-    def save_teacher(self, folder: Path) -> None:
-        name = f"teacher_rank{self.dist_info.rank}.pt" if self.stage == 3 else "teacher.pt"
-        if self.stage == 3 or self.dist_info.is_main:
-            with open(folder / name, "wb") as f:  # a full disk: an OSError (torch.save's own writer: a RuntimeError)
-                torch.save(self.teacher_state(), f)
-
-    def load_teacher(self, folder: Path) -> None:
-        name = f"teacher_rank{self.dist_info.rank}.pt" if self.stage == 3 else "teacher.pt"
-        saved = torch.load(folder / name, map_location=self.device, weights_only=True)
+    def load_teacher_state(self, saved: dict[str, torch.Tensor], source) -> None:
+        """Copy `saved` (the teacher_state() of the run that saved, read from `source`) into the teacher."""
         with torch.no_grad():
             for key, tensor in self.teacher_state().items():
                 if key not in saved:
-                    raise UserError(f"{folder / name}: no entry for teacher '{key}'")
+                    raise UserError(f"{source}: no entry for teacher '{key}'")
                 tensor.copy_(saved[key])
 
     def export_state_dict(self, which: str = "teacher") -> dict[str, torch.Tensor]:

@@ -9,7 +9,8 @@ from collections import Counter
 import torch
 from omegaconf import OmegaConf
 
-from scale.checkpoint.checkpointer import COUNTERS_DIR, Checkpointer
+from scale.checkpoint.checkpointer import Checkpointer
+from scale.checkpoint.state import PER_RANK, DataCounters, RankFiles, run_states
 from scale.checkpoint.store import LATEST, META, file_sizes, step_name
 from scale.data.loader import Loader
 from scale.engine.parallel import ParallelContext
@@ -48,7 +49,8 @@ def checkpointer(root, weight, async_save=True, rank=0, world_size=1):
         rank=rank, world_size=world_size, local_rank=0, master_addr="", master_port=0, launcher="single"
     )
     engine = Stateful(w=weight)
-    return Checkpointer(root, cfg, info, engine, Stateful(c=1), CountingLoader(), Stateful(m=0)), engine
+    states = run_states(Stateful(c=1), CountingLoader(), Stateful(m=0), info, seed=0)
+    return Checkpointer(root, cfg, info, engine, states), engine
 
 
 def test_async_checkpoint_is_sealed_when_its_write_completes(tmp_path):
@@ -75,19 +77,15 @@ def test_resumed_run_continues_the_data_counters_and_error_budget(tmp_path):
     assert resumed.loader.metrics() == saver.loader.metrics() and resumed.loader.epoch_errors == 3
     assert resumed.loader.metrics()["data/samples"] == 96 and resumed.loader.metrics()["data/errors"] == 3
     # another world size (2 ranks resume what 1 saved): each rank takes an even share of the saved totals
-    shares = [
-        checkpointer(tmp_path, torch.zeros(4), rank=rank, world_size=2)[0]._saved_counters(
-            tmp_path / step_name(3), {"world_size": 1}
-        )
-        for rank in range(2)
-    ]
+    saved = {"world_size": 1, "step": 3, "ranks": RankFiles(tmp_path / step_name(3), PER_RANK["counters"])}
+    shares = [DataCounters(CountingLoader(), rank, 2).share(saved) for rank in range(2)]
     assert shares == [
         {"samples": 48, "epoch_errors": 2, "errors": {"corrupt": 1, "truncated": 1}},
         {"samples": 48, "epoch_errors": 1, "errors": {"corrupt": 1, "truncated": 0}},
     ]
     # a checkpoint written before the counters were saved: they start at 0
     folder = tmp_path / step_name(3)
-    shutil.rmtree(folder / COUNTERS_DIR)
+    shutil.rmtree(folder / "data_counters")
     meta = json.loads((folder / META).read_text())
     (folder / META).write_text(json.dumps({**meta, "files": file_sizes(folder)}))
     old, _ = checkpointer(tmp_path, torch.zeros(4), async_save=False)

@@ -10,6 +10,8 @@ import torch
 from omegaconf import OmegaConf
 
 from scale.checkpoint.checkpointer import Checkpointer
+from scale.checkpoint.resume import check_compatible, keys_with
+from scale.checkpoint.state import run_states
 from scale.checkpoint.steering import RECORD
 from scale.checkpoint.store import SET_ASIDE, CheckpointStore, step_name
 from scale.config import load_recipe
@@ -18,7 +20,6 @@ from scale.config.schema import Recipe
 from scale.config.validate import get_key, schema_rules
 from scale.engine.parallel import ParallelContext
 from scale.errors import ConfigError, UserError
-from scale.checkpoint.resume import check_compatible, keys_with
 from tests.checkpoint.test_checkpointer_state import CountingLoader, Stateful
 from tests.checkpoint.test_fixed_fields import perturbed
 
@@ -63,7 +64,8 @@ def toy(root, value, width=4, resume_step=None, reset=()):
     )
     info = ParallelContext(rank=0, world_size=1, local_rank=0, master_addr="", master_port=0, launcher="single")
     engine, loader = ToyEngine(value, width), CountingLoader()
-    return Checkpointer(root, cfg, info, engine, ToyMethod(c=1), loader, Stateful(m=0)), engine, loader
+    states = run_states(ToyMethod(c=1), loader, Stateful(m=0), info, seed=0)
+    return Checkpointer(root, cfg, info, engine, states), engine, loader
 
 
 def saved_run(root, steps=(2, 4, 6)):
