@@ -29,7 +29,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from scale.checkpoint.diskspace import weights_bytes, write_errors, write_failed
 from scale.checkpoint.resume import Resumable
 from scale.checkpoint.state import (
-    RUN,
     Stateful,
     save_engine_files,
     write_states,
@@ -81,10 +80,6 @@ class Checkpointer(Resumable):
         return (self.store.root / step_name(step)).is_dir() or (self._pending is not None and self._pending[0] == step)
 
     # --- saving ---
-
-    def _run_state(self, step: int, skip: tuple[str, ...] = ()) -> dict:
-        """The RUN states with the step: saved inside the engine's checkpoint."""
-        return {"step": step, **{k: self.states[k].state_dict() for k in RUN if k in self.states and k not in skip}}
 
     def save(self, step: int) -> None:
         """Collective: every rank calls it at the same step."""

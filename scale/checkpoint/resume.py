@@ -4,13 +4,15 @@
    as each schema field declares it (scale/config/fields.py): a FIXED field (a checkpointed shape, the trained
    parameters, what the saved position means) is refused, a NOTED one is logged, any other changes freely.
 2. `Resumable.resume` (every rank, the checkpointer's): the checkpoints to try, newest first, or the one
-   train.resume_step names (scale.checkpoint.steering); each rank reads its share of a checkpoint's files as data
-   (scale.checkpoint.safe_load), the ranks agree, and all load the same one (`load`): the engine's state through DCP
+   train.resume_step names (steering, below); each rank reads its share of a checkpoint's files as data
+   (scale.checkpoint.safe_load), the ranks agree, and all load the same one if it fits the run (fit, below; `load`): the engine's state through DCP
    or its own files, then every state object (scale.checkpoint.state), all rolled back when a load fails half-way;
    then train.reset's parts and the checkpoints newer than the loaded one are set aside.
 """
 
+import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,17 +21,17 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from scale.checkpoint.fit import check_deepspeed_fits, check_fits
 from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
-from scale.checkpoint.state import RESET_STATES, load_engine_files, load_states, rolled_back
-from scale.checkpoint.steering import Steering, pending, record
+from scale.checkpoint.state import RESET_STATES, RUN, load_engine_files, load_states, rolled_back
 from scale.checkpoint.store import CheckpointStore, step_of
 from scale.config.fields import FIXED, NOTED
 from scale.config.load import from_dict
 from scale.config.schema import Recipe
 from scale.config.validate import get_key, schema_rules
 from scale.errors import ConfigError, UserError
+from scale.nofollow import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +94,153 @@ def check_resumable(run, cfg: DictConfig) -> list[str]:
     return []
 
 
+# --- steering: deliberate changes at resume. Roll back to a chosen sealed checkpoint (train.resume_step) and reset
+# parts of the saved state (train.reset). Each applies once: checkpoints/steering.json records what was applied, so
+# that a requeued job launched with the same recipe continues from its newest checkpoint instead of rolling back again.
+
+# optimizer: fresh moments (and loss scale); data: the loader's position and counters from 0; schedules: the step
+# count from 0 (warm-up, lr, momentum, temperatures start over); ema: the teacher restarts as a copy of the student
+RESETS = ("optimizer", "data", "schedules", "ema")
+RECORD = "steering.json"
+
+
+@dataclass(frozen=True)
+class Steering:
+    step: int | None = None  # the checkpoint to load; None: the newest loadable one
+    reset: tuple[str, ...] = ()
+
+    def wants(self) -> dict:
+        return {"resume_step": self.step, "reset": sorted(self.reset)}
+
+
+def pending(train_cfg, root: Path) -> Steering:
+    """What the recipe asks for and has not been applied to this run yet."""
+    asked = Steering(train_cfg.get("resume_step"), tuple(train_cfg.get("reset") or ()))
+    if asked == Steering():
+        return asked
+    path = Path(root) / RECORD
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    if done.get("applied") == asked.wants():
+        log.info(
+            "train.resume_step/train.reset %s were applied on %s (%s): continuing from the newest checkpoint",
+            asked.wants(),
+            done.get("at"),
+            path,
+        )
+        return Steering()
+    return asked
+
+
+def record(root: Path, steering: Steering, loaded_step: int, set_aside: Path | None) -> None:
+    entry = {
+        "applied": steering.wants(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "loaded_step": loaded_step,
+        "set_aside": str(set_aside) if set_aside else None,
+    }
+    write_atomic(Path(root) / RECORD, json.dumps(entry, indent=2) + "\n")
+
+
+# --- fit: whether a checkpoint fits the run that loads it. The names and shapes of its model, optimizer and method
+# tensors against the ones this run would fill. A misfit is a user error (a setting that shapes a tensor changed, or
+# another run's checkpoint), never damage: it names the key and both shapes, and nothing is skipped or deleted.
+
+# the parts of the flattened DCP state whose layout the recipe decides (not the loader's or the RNG's)
+# (the model's first: a misfit is named by its parameter before its optimizer moments)
+SHAPED = ("engine.student.", "engine.teacher.", "run.method.", "engine.optimizer.state.")
+
+
+def flat_shapes(state: dict, prefix: str = "") -> dict[str, tuple[int, ...]]:
+    """{dotted key: shape} of every tensor in nested dicts, keyed as DCP flattens them (the checkpoint's
+    non-tensor items, stored as bytes, are not compared)."""
+    out = {}
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_shapes(value, name + "."))
+        elif isinstance(value, torch.Tensor):
+            out[name] = tuple(value.shape)  # a DTensor's shape is the full one, as DCP stores it
+    return out
+
+
+def _has(state: dict, dotted: str) -> bool:
+    node = state
+    for part in dotted.rstrip(".").split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def misfit(
+    wanted: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]], scopes: tuple[str, ...] = SHAPED
+) -> str | None:
+    """The first key under `scopes` whose shape differs or which only one side has, described; None when they
+    fit."""
+    keys = set(wanted) | set(saved)
+    for key in (k for scope in scopes for k in sorted(keys) if k.startswith(scope)):
+        if key not in saved:
+            return f"{key} {list(wanted[key])} is not in the checkpoint"
+        if key not in wanted:
+            return f"the checkpoint's {key} {list(saved[key])} is not in this run's model"
+        if saved[key] != wanted[key]:
+            return f"{key} is {list(saved[key])} in the checkpoint, {list(wanted[key])} in this run"
+    return None
+
+
+def check_fits(folder, state: dict, metadata: Metadata, main: bool = True) -> None:
+    """Raise UserError when the DCP checkpoint described by `metadata` cannot fill `state`. Every rank finds the
+    same: only the `main` one says why, the others exit with the same status silently."""
+    saved = {k: tuple(v.size) for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+    scopes = tuple(p for p in SHAPED if _has(state, p))  # a part left out on purpose (train.reset) is not read
+    refuse(folder, misfit(flat_shapes(state), saved, scopes), main)
+
+
+def refuse(folder, problem: str | None, main: bool = True) -> None:
+    """A misfit (`problem`) ends the run as a user error, said by the `main` rank only; None: nothing to do."""
+    if problem and not main:
+        raise SystemExit(UserError.exit_code)
+    if problem:
+        raise UserError(
+            f"{folder} does not fit this run: {problem}. A setting that shapes it changed since the checkpoint "
+            "was written (or it is another run's); nothing was loaded or deleted. Restore the setting, or start a "
+            "new run from its weights (train.init_weights). See docs/how-to/resume.md."
+        )
+
+
+def check_deepspeed_fits(engine, folder, is_main: bool) -> None:
+    """The same for a DeepSpeed engine's own files in `folder` (DeepSpeed's load would fail half-way); nothing is
+    loaded. ZeRO-1/2: every weight and buffer of the model states file and teacher.pt; ZeRO-3: the parameter shapes
+    DeepSpeed records against each parameter's `ds_shape`. The files are mapped, not read (`mmap`): only
+    DeepSpeed's load reads the weights again."""
+    from scale.engine.deepspeed import CHECKPOINT_TAG
+
+    states = sorted((folder / CHECKPOINT_TAG).glob("*model_states.pt"))
+    if not states:
+        return  # DeepSpeed's load says there is no checkpoint
+    saved_states = load_torch(states[0], mmap=True)  # shapes only: the weights are never read
+    module = engine.ds.module
+    if engine.stage == 3:
+        recorded = saved_states["param_shapes"] + [saved_states.get("frozen_param_shapes") or {}]
+        saved = {f"engine.student.{k}": tuple(v) for group in recorded for k, v in group.items()}
+        wanted = {f"engine.student.{n}": tuple(p.ds_shape) for n, p in module.named_parameters()}
+    else:
+        saved = {f"engine.student.{k}": tuple(v.shape) for k, v in saved_states["module"].items()}
+        wanted = {f"engine.student.{k}": tuple(v.shape) for k, v in module.state_dict().items()}
+        if engine.method.teacher is not None and (folder / "teacher.pt").is_file():
+            teacher = load_torch(folder / "teacher.pt", mmap=True)
+            saved |= {f"engine.teacher.{k}": tuple(v.shape) for k, v in teacher.items()}
+            wanted |= {f"engine.teacher.{k}": tuple(v.shape) for k, v in engine.teacher_state().items()}
+    refuse(folder.parent, misfit(wanted, saved, ("engine.student.", "engine.teacher.")), is_main)
+
+
 class Resumable:
     """The resume half of the Checkpointer (scale.checkpoint.checkpointer), and the collectives both halves use:
     the ranks of the data-parallel group load together."""
+
+    def _run_state(self, step: int, skip: tuple[str, ...] = ()) -> dict:
+        """The RUN states with the step: saved inside the engine's checkpoint."""
+        return {"step": step, **{k: self.states[k].state_dict() for k in RUN if k in self.states and k not in skip}}
 
     def _barrier(self) -> None:
         if dist.is_initialized():

@@ -237,13 +237,13 @@ def load_engine_files(engine, folder: Path, saved_world_size: int, optimizer: bo
 # --- rollback
 
 
-def _tensors(state) -> list[torch.Tensor]:
+def tensors_in(state) -> list[torch.Tensor]:
     if isinstance(state, torch.Tensor):
         return [state.to_local() if isinstance(state, DTensor) else state]
     if isinstance(state, dict):
-        return [t for value in state.values() for t in _tensors(value)]
+        return [t for value in state.values() for t in tensors_in(value)]
     if isinstance(state, (list, tuple)):
-        return [t for value in state for t in _tensors(value)]
+        return [t for value in state for t in tensors_in(value)]
     return []
 
 
@@ -253,7 +253,7 @@ def rolled_back(live, undo: Callable[[], None] | None = None) -> Iterator[None]:
     in `live` (nested dicts, lists; this rank's shard of a DTensor) is taken first and written back when the load
     fails, so that the model is never part old, part new; then `undo` restores what the engine keeps besides
     tensors (DeepSpeed: its optimizer's state and groups, its step counters)."""
-    saved = [(t, t.detach().to("cpu", copy=True)) for t in _tensors(live)]
+    saved = [(t, t.detach().to("cpu", copy=True)) for t in tensors_in(live)]
     try:
         yield
     except BaseException:

@@ -377,7 +377,7 @@ class DeepSpeedEngine(Engine):
     def load_native(self, folder, saved_world_size: int, optimizer: bool = True) -> None:
         """On the saving world size, DeepSpeed's own load; on another (ZeRO-1/2), through its universal checkpoint
         format, converted once beside the checkpoint. `optimizer` False: the optimizer keeps its fresh state.
-        The checkpointer has checked that the checkpoint fits this model (scale.checkpoint.fit) and rolls a load
+        The checkpointer has checked that the checkpoint fits this model (scale.checkpoint.resume) and rolls a load
         that fails half-way back (`rollback_point`)."""
         folder = Path(folder)
         elastic = saved_world_size != self.dist_info.world_size

@@ -10,9 +10,8 @@ import torch
 from omegaconf import OmegaConf
 
 from scale.checkpoint.checkpointer import Checkpointer
-from scale.checkpoint.resume import check_compatible, keys_with
+from scale.checkpoint.resume import RECORD, check_compatible, keys_with
 from scale.checkpoint.state import run_states
-from scale.checkpoint.steering import RECORD
 from scale.checkpoint.store import SET_ASIDE, CheckpointStore, step_name
 from scale.config import load_recipe
 from scale.config.fields import FIXED, NOTED

@@ -8,6 +8,8 @@ import pytest
 import torch
 from engine_toy import FROZEN_STEPS, build, context, engine_run, make_batch, shard_batch, spawn
 
+from scale.checkpoint.state import load_engine_files, tensors_in
+
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 
 pytest.importorskip("deepspeed")
@@ -38,14 +40,14 @@ def one_step(method, engine) -> None:
 
 
 def optimizer_state_not_copied(engine) -> list[bool]:
-    """Per tensor of the inner optimizer's state in the rollback's snapshot: True when it is the live tensor
-    itself or a copy off the device (a second device copy of the moments would need their memory twice)."""
-    live = engine.ds.optimizer.optimizer.state
-    kept = engine._snapshot()[3]
+    """Per tensor of the inner optimizer's state: True when the rollback copies none of its memory (it keeps the
+    moments by reference; a second copy of them would need their memory twice)."""
+    live, _ = engine.rollback_point()
+    copied = {t.untyped_storage().data_ptr() for t in tensors_in(live)}
     return [
-        value is live[param][key] or (value.device.type == "cpu" and live[param][key].device.type != "cpu")
-        for param, state in kept.items()
-        for key, value in state.items()
+        value.untyped_storage().data_ptr() not in copied
+        for state in engine.ds.optimizer.optimizer.state.values()
+        for value in state.values()
         if torch.is_tensor(value)
     ]
 
@@ -60,18 +62,18 @@ def failed_load_job(folder: str) -> dict:
         fresh = state_of(engine)
         no_device_copy = optimizer_state_not_copied(engine)
 
-        def unreadable_teacher(_folder):
+        def unreadable_teacher(_saved, _source):
             raise RuntimeError("teacher file unreadable")
 
-        engine.load_teacher = unreadable_teacher
+        engine.load_teacher_state = unreadable_teacher
         try:
-            engine.load_native(f"{folder}/z{stage}", 2)
+            load_engine_files(engine, f"{folder}/z{stage}", 2)
             error = None
         except RuntimeError as err:
             error = str(err)
         rolled_back = state_of(engine)
-        del engine.load_teacher
-        engine.load_native(f"{folder}/z{stage}", 2)
+        del engine.load_teacher_state
+        load_engine_files(engine, f"{folder}/z{stage}", 2)
         out[stage] = {
             "error": error,
             "fresh": fresh,
