@@ -168,21 +168,21 @@ def write_torch(obj, path: Path) -> None:
 
 def write_states(states: dict[str, Stateful], folder: Path, rank: int, main: bool) -> None:
     """The PER_RANK and ON_MAIN states into a step folder (the RUN ones go with the engine's checkpoint). Every
-    rank calls every ON_MAIN state_dict: a monitor's is a collective."""
-    for name, pattern in PER_RANK.items():
-        if name in states:
-            path = folder / pattern.format(rank=rank)
-            path.parent.mkdir(exist_ok=True)
-            state = states[name].state_dict()
-            if path.suffix == ".json":
-                path.write_text(json.dumps(state))
-            else:
-                write_torch(state, path)
-    for name, file in ON_MAIN.items():
-        if name in states:
-            state = states[name].state_dict()
-            if main:
-                write_torch(state, folder / file)
+    state_dict is taken before any file is written, on every rank: a monitor's is a collective, which a rank whose
+    write failed (a full disk) must not leave the others waiting in."""
+    own = {
+        name: (pattern.format(rank=rank), states[name].state_dict())
+        for name, pattern in PER_RANK.items()
+        if name in states
+    }
+    shared = {name: (file, states[name].state_dict()) for name, file in ON_MAIN.items() if name in states}
+    for file, state in [*own.values(), *(shared.values() if main else ())]:
+        path = folder / file
+        path.parent.mkdir(exist_ok=True)
+        if path.suffix == ".json":
+            path.write_text(json.dumps(state))
+        else:
+            write_torch(state, path)
 
 
 def load_states(states: dict[str, Stateful], folder: Path, meta: dict, skip: tuple[str, ...] = ()) -> None:
