@@ -223,7 +223,7 @@ def load_engine_files(engine, folder: Path, saved_world_size: int, optimizer: bo
     only), the teacher. All or nothing: a failure rolls every tensor back."""
     folder = Path(folder)
     elastic = saved_world_size != engine.dist_info.world_size
-    live, undo = engine.rollback_point()
+    live, undo = engine.rollback_point(moments=elastic_form(engine, folder))
     with rolled_back(live, undo):
         engine.load_native(folder, saved_world_size, optimizer=optimizer)
         if elastic:
@@ -232,6 +232,17 @@ def load_engine_files(engine, folder: Path, saved_world_size: int, optimizer: bo
         name = teacher_file(engine, engine.dist_info.rank)
         if name is not None:
             engine.load_teacher_state(load_torch(folder / name), folder / name)
+
+
+def elastic_form(engine, folder: Path) -> bool:
+    """Whether a ZeRO-1/2 checkpoint's optimizer states are in DeepSpeed's `elastic_checkpoint` form (every
+    partition's moments in one list, not a torch optimizer state dict), whose load copies into the live moments
+    instead of replacing them. Mapped, not read: the moments are read by DeepSpeed's load only."""
+    files = sorted((folder / engine.checkpoint_tag).glob("*optim_states.pt"))
+    if engine.stage == 3 or not files:
+        return False
+    saved = load_torch(files[0], mmap=True).get("optimizer_state_dict", {})
+    return "base_optimizer_state" in saved and not isinstance(saved["base_optimizer_state"], dict)
 
 
 # --- rollback

@@ -58,7 +58,7 @@ from scale.engine.parallelize import parallelize
 from scale.engine.params import clean_name, named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.engine.torch_engine import broadcast_module
-from scale.errors import UserError
+from scale.errors import UserError, os_error
 from scale.extras import require
 from scale.methods.base import Method
 from scale.optim import build_optimizer, keep_settings, param_groups, settings
@@ -135,16 +135,43 @@ def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True, hpz
     return config
 
 
-def universal_folder(folder: Path) -> Path:
-    """DeepSpeed's universal form of the checkpoint in `folder` (`folder`/universal, converted by rank 0 on first
-    use, through a temporary folder so that a kill leaves nothing half-written). A collective."""
-    out = folder / "universal"
-    if dist.get_rank() == 0 and not out.exists():
-        partial = folder / "universal.partial"
-        shutil.rmtree(partial, ignore_errors=True)  # what a killed conversion left
-        convert_to_universal(folder / CHECKPOINT_TAG, partial / CHECKPOINT_TAG)
-        os.replace(partial, out)
-    dist.barrier()
+# how rank 0's conversion to the universal form went, as it tells the other ranks
+CONVERTED, UNCONVERTIBLE, UNWRITABLE = 0, 1, 2
+
+
+def universal_folder(folder: Path, group: dist.ProcessGroup | None, device: torch.device) -> Path:
+    """DeepSpeed's universal form of the checkpoint in `folder` (`folder`/universal, converted by the group's rank 0
+    on first use, through a temporary folder so that a kill leaves nothing half-written). A collective of `group`,
+    which rank 0 ends by telling the others how the conversion went, so that a failure stops every rank instead of
+    leaving them waiting: a file that cannot be written (a full disk) is a UserError (exit 2) said by rank 0 once,
+    nothing loaded or deleted; any other failure (a damaged file) is raised on every rank, for the resume to try
+    the previous checkpoint."""
+    out, partial = folder / "universal", folder / "universal.partial"
+    failed = None
+    if dist.get_rank(group) == 0 and not out.exists():
+        try:
+            shutil.rmtree(partial, ignore_errors=True)  # what a killed conversion left
+            convert_to_universal(folder / CHECKPOINT_TAG, partial / CHECKPOINT_TAG)
+            os.replace(partial, out)
+        except Exception as err:
+            failed = err
+            shutil.rmtree(partial, ignore_errors=True)
+    verdict = CONVERTED if failed is None else UNWRITABLE if os_error(failed) is not None else UNCONVERTIBLE
+    flag = torch.tensor([verdict], dtype=torch.int32, device=device)
+    dist.broadcast(flag, group=group, group_src=0)  # also the barrier: the universal form is complete
+    verdict = int(flag.item())
+    if verdict == UNWRITABLE and failed is not None:
+        raise UserError(
+            f"{folder}: resuming on another number of ranks converts it to DeepSpeed's universal form beside it, "
+            f"which could not be written ({os_error(failed)}). Free space there (about the checkpoint's size) or "
+            f"resume on the number of ranks that wrote it; nothing was loaded or deleted."
+        ) from None
+    if verdict == UNWRITABLE:
+        raise SystemExit(UserError.exit_code)  # rank 0 says why, once
+    if failed is not None:
+        raise failed
+    if verdict == UNCONVERTIBLE:
+        raise RuntimeError(f"{folder}: rank 0 could not convert it to DeepSpeed's universal form (its log says why)")
     return out
 
 
@@ -389,7 +416,7 @@ class DeepSpeedEngine(Engine):
                 f"with engine.kind=fsdp2, whose checkpoints load on any number of ranks."
             )
         recipe = settings(client_optimizer(self.ds.optimizer))
-        source = universal_folder(folder) if elastic else folder
+        source = universal_folder(folder, self.dist_info.dp_group, self.device) if elastic else folder
         with universal_load(self.ds, elastic):
             path, _ = self.ds.load_checkpoint(
                 str(source), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer, load_lr_scheduler_states=optimizer
@@ -399,18 +426,21 @@ class DeepSpeedEngine(Engine):
         if path is None:
             raise UserError(f"{folder}: no DeepSpeed checkpoint (tag '{CHECKPOINT_TAG}') found")
 
-    def rollback_point(self) -> tuple[list, Callable[[], None]]:
+    def rollback_point(self, moments: bool = False) -> tuple[list, Callable[[], None]]:
         """What a load writes into, for scale.checkpoint.state.rolled_back: the weights and buffers this rank
         holds, the fp32 masters, the teacher (copied there); and a function putting back the inner optimizer's
         state tensors and groups, kept by reference, which costs no memory: every load of the checkpoints this
-        engine writes puts new ones in place (torch's Optimizer.load_state_dict, the universal loads' new buffers;
-        only DeepSpeed's ZeRO-1/2 load of an `elastic_checkpoint` file, which it never writes, copies into them),
-        and ZeRO-3's load appends to the groups' `params` lists; and DeepSpeed's step counters."""
+        engine writes puts new ones in place (torch's Optimizer.load_state_dict, the universal loads' new buffers),
+        and ZeRO-3's load appends to the groups' `params` lists; and DeepSpeed's step counters. `moments`: the
+        checkpoint is a ZeRO-1/2 one in DeepSpeed's `elastic_checkpoint` form (never written here), whose load
+        copies into the live moments: they are copied too."""
         masters = fp32_master_partitions(self.ds.optimizer, self.stage)
         live = [self.held(self.ds.module), list(self.ds.module.buffers()), list(masters)]
         if self.method.teacher is not None:
             live.append(self.teacher_state())
         inner = client_optimizer(self.ds.optimizer)
+        if moments:
+            live.append([v for s in inner.state.values() for v in s.values() if torch.is_tensor(v)])
         state = {p: dict(s) for p, s in inner.state.items()}  # the loads set keys of these dicts: shallow copies
         counters = {name: getattr(self.ds, name) for name in COUNTERS}
         groups = inner.param_groups
