@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
-from scale.checkpoint.state import RESET_STATES, RUN, load_engine_files, load_states, rolled_back
+from scale.checkpoint.state import RESET_STATES, RUN, TEACHER, load_engine_files, load_states, rolled_back
 from scale.checkpoint.store import CheckpointStore, step_of
 from scale.config.fields import FIXED, NOTED
 from scale.config.load import from_dict
@@ -227,8 +227,8 @@ def check_deepspeed_fits(engine, folder, is_main: bool) -> None:
     else:
         saved = {f"engine.student.{k}": tuple(v.shape) for k, v in saved_states["module"].items()}
         wanted = {f"engine.student.{k}": tuple(v.shape) for k, v in module.state_dict().items()}
-        if engine.method.teacher is not None and (folder / "teacher.pt").is_file():
-            teacher = load_torch(folder / "teacher.pt", mmap=True)
+        if engine.method.teacher is not None and (folder / TEACHER).is_file():
+            teacher = load_torch(folder / TEACHER, mmap=True)
             saved |= {f"engine.teacher.{k}": tuple(v.shape) for k, v in teacher.items()}
             wanted |= {f"engine.teacher.{k}": tuple(v.shape) for k, v in engine.teacher_state().items()}
     refuse(folder.parent, misfit(wanted, saved, ("engine.student.", "engine.teacher.")), is_main)
