@@ -4,6 +4,7 @@ the newer ones aside (applied once); each train.reset entry leaves its part fres
 checkpoint never lets the new run overwrite it. The fixed-field refusal: every FIXED key of the schema."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,3 +200,36 @@ def test_a_fresh_start_past_only_damaged_checkpoints_keeps_them_aside(tmp_path):
     assert saver.resume() == 0
     store = CheckpointStore(root)
     assert store.step_dirs() == [] and [p.name for p in store.set_aside_dirs()] == [step_name(2)]
+
+
+def test_a_resume_reads_top_to_bottom_in_four_files_of_checkpoint(tmp_path):
+    """Every function a resume calls (read_start, then the checkpointer's resume of a sealed step), by file: the
+    resume's own logic lives in four files of scale/checkpoint/; outside it only the run's context is read (the
+    parallel context's rank, the run directory's checkpoints path) and the loader's own counters."""
+    import sys
+
+    import scale
+    from scale.checkpoint.resume import read_start
+    from scale.loop.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    saver, _, _ = toy(run.checkpoints, 2.0)
+    saver.save(2)
+    resumer, _, _ = toy(run.checkpoints, 0.0)
+    package, seen = str(Path(scale.__file__).parent) + "/", set()
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            seen.add(frame.f_code.co_filename.removeprefix(package))
+
+    previous = sys.gettrace()  # a coverage run's tracer, put back after
+    sys.settrace(tracer)
+    try:
+        read_start(run, resumer.cfg)
+        step = resumer.resume()
+    finally:
+        sys.settrace(previous)
+    assert step == 2
+    own = {"checkpoint/resume.py", "checkpoint/state.py", "checkpoint/store.py", "checkpoint/safe_load.py"}
+    helpers = {"checkpoint/checksum.py", "engine/dist.py", "loop/rundir.py", "data/loader.py"}
+    assert own <= seen and seen <= own | helpers, sorted(seen)
