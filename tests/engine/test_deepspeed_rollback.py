@@ -107,6 +107,12 @@ def elastic_form_job(folder: str) -> dict:
     one_step(method, engine)
     engine.ds.optimizer.elastic_checkpoint = True  # DeepSpeed's save writes that form
     save_engine_files(engine, f"{folder}/elastic")
+    # the step count DeepSpeed records when the optimizer keeps it in its groups (DeepSpeed's own Adam): without
+    # it DeepSpeed's load of this form stops before the moments, with torch's optimizers
+    for path in Path(f"{folder}/elastic/state").glob(f"zero_pp_rank_{dist.get_rank()}_*optim_states.pt"):
+        saved = torch.load(path, weights_only=False)
+        saved["optimizer_state_dict"]["base_optimizer_state_step"] = 1
+        torch.save(saved, path)
     dist.barrier()
     engine.ds.optimizer.elastic_checkpoint = False  # as scale's engines load
     one_step(method, engine)  # moments to roll back to
