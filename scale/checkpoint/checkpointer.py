@@ -1,6 +1,6 @@
-"""Save and resume everything a run needs: engine state (student, teacher, optimizer, loss scaler), method state
-(centers, queues), the loader's global sample position, the step, every rank's RNG and data counters (data/samples,
-data/errors, the error budget's count) and the loop's monitors.
+"""Save and resume everything a run needs: the engine's state (student, teacher, optimizer, loss scaler) and the
+run's state objects (scale.checkpoint.state: the method's centers and queues, the loader's global sample position,
+every rank's RNG and data counters, the loop's monitors and probe), with the step. Resuming: scale.checkpoint.resume.
 
 DDP and FSDP2 go through torch.distributed.checkpoint (sharded files, loadable on another world size); DeepSpeed
 writes its own files. Either way the step directory is sealed by CheckpointStore, so a kill mid-write is harmless.
@@ -20,36 +20,27 @@ import time
 from functools import partial
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
-from scale.checkpoint import rng
 from scale.checkpoint.diskspace import weights_bytes, write_errors, write_failed
-from scale.checkpoint.fit import check_deepspeed_fits, check_fits
-from scale.checkpoint.safe_load import SafeLoadPlanner, SafeReader, UnsafeCheckpoint, check_files, load_torch
-from scale.checkpoint.steering import Steering, pending, record
-from scale.checkpoint.store import CheckpointStore, epochs_done, file_sizes, step_name, step_of
-from scale.engine import rollback
+from scale.checkpoint.resume import Resumable
+from scale.checkpoint.state import (
+    Stateful,
+    save_engine_files,
+    write_states,
+    write_torch,
+)
+from scale.checkpoint.store import CheckpointStore, epochs_done, file_sizes, step_name
 from scale.engine.parallel import ParallelContext
 from scale.errors import UserError, os_error
 from scale.faults import maybe_fill_disk, maybe_inject
 from scale.nofollow import open_text
-from scale.readback import DATA_COUNTERS, BadFile, read_json
 
 log = logging.getLogger(__name__)
-MONITORS_FILE = "monitors.pt"
-COUNTERS_DIR = "data_counters"  # rankN.json: the loader's counters (data/samples, data/errors, the error budget)
-
-
-def write_torch(obj, path: Path) -> None:
-    """torch.save through a Python file: a full disk is then an OSError with its errno (torch's own file writer
-    raises a RuntimeError, 'unexpected pos')."""
-    with open(path, "wb") as f:
-        torch.save(obj, f)
 
 
 class DcpWriter(FileSystemWriter):
@@ -67,18 +58,16 @@ class DcpWriter(FileSystemWriter):
             raise found from None
 
 
-# what a rank found when it read its share of a checkpoint's files; the ranks agree on the worst
-READABLE, DAMAGED, UNSAFE = 0, 1, 2
-
-
-class Checkpointer:
+class Checkpointer(Resumable):
     """The ranks of `info`'s data-parallel group save and load together (no group: one process)."""
 
-    def __init__(self, root: Path, cfg: DictConfig, info: ParallelContext, engine, method, loader, monitors):
+    def __init__(self, root: Path, cfg: DictConfig, info: ParallelContext, engine, states: dict[str, Stateful]):
+        """`states`: what the run saves besides the engine, by name (scale.checkpoint.state.run_states); "method"
+        and "loader" are required (the teacher to reset, the loader's epoch length for meta.json)."""
         self.store = CheckpointStore(root)
         self.group = info.dp_group
-        self.cfg, self.info, self.engine, self.method, self.loader = cfg, info, engine, method, loader
-        self.monitors = monitors
+        self.cfg, self.info, self.engine, self.states = cfg, info, engine, states
+        self.method, self.loader = states["method"], states["loader"]
         self._pending = None  # (step, future, sealed event) of an async save the next save or close waits for
         self._seal_error = None  # what went wrong sealing an async save, raised by wait()
         # async saves run collectives from a background thread: they get a process group of their own, so they
@@ -91,9 +80,6 @@ class Checkpointer:
         return (self.store.root / step_name(step)).is_dir() or (self._pending is not None and self._pending[0] == step)
 
     # --- saving ---
-
-    def _run_state(self, step: int) -> dict:
-        return {"step": step, "method": self.method.state_dict(), "loader": self.loader.state_dict()}
 
     def save(self, step: int) -> None:
         """Collective: every rank calls it at the same step."""
@@ -109,8 +95,7 @@ class Checkpointer:
             "recipe": self.cfg.meta.name,
             "samples_seen": self.loader.state_dict().get("position"),
         }
-        monitors = self.monitors.state_dict()  # a collective; then the same on every rank
-        failed = self._attempt(self._write_own, staging, monitors)
+        failed = self._attempt(write_states, self.states, staging, self.info.rank, self.info.is_main)
         if self.cfg.train.async_save and not self.engine.native_checkpoint:
             self._agree_written(step, failed)
             self._save_async(step, staging, meta, started)
@@ -123,19 +108,9 @@ class Checkpointer:
     def _prepare(self, step: int) -> None:
         maybe_fill_disk(self.store.prepare(step), step)
 
-    def _write_own(self, staging: Path, monitors: dict) -> None:
-        """This rank's RNG and data counters (per rank: DCP keeps one rank's copy of a non-tensor item, and they
-        differ by rank); the monitors (the same on every rank) from rank 0."""
-        (staging / "rng").mkdir(exist_ok=True)
-        write_torch(rng.capture(), staging / "rng" / f"rank{self.info.rank}.pt")
-        (staging / COUNTERS_DIR).mkdir(exist_ok=True)
-        (staging / COUNTERS_DIR / f"rank{self.info.rank}.json").write_text(json.dumps(self.loader.counters()))
-        if self.info.is_main:
-            write_torch(monitors, staging / MONITORS_FILE)
-
     def _write_engine(self, step: int, staging: Path) -> None:
         if self.engine.native_checkpoint:
-            self.engine.save_native(staging / "engine")
+            save_engine_files(self.engine, staging / "engine")
             if self.info.is_main:
                 write_torch(self._run_state(step), staging / "run_state.pt")
         else:
@@ -243,192 +218,3 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
-
-    # --- collectives ---
-
-    def _barrier(self) -> None:
-        if dist.is_initialized():
-            dist.barrier(group=self.group)
-
-    def _broadcast(self, value):
-        if not dist.is_initialized():
-            return value
-        box = [value]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
-
-    def _worst(self, value: int) -> int:
-        """The largest of every rank's `value`."""
-        if not dist.is_initialized():
-            return value
-        flag = torch.tensor([value], dtype=torch.int32)
-        if dist.get_backend(self.group) == "nccl":
-            flag = flag.cuda()
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return int(flag.item())
-
-    # --- resuming ---
-
-    def resume(self) -> int:
-        """Load the newest checkpoint that every rank can load (skipping damaged ones with a warning naming the
-        file), or the one train.resume_step names; the step to continue from. Every rank first reads its share of
-        the files as data, then the ranks agree, so that they all load the same checkpoint. A file that would run
-        code, or a checkpoint that does not fit this run's shapes, ends the run (exit 2) with nothing deleted.
-        Checkpoints newer than the one loaded are moved to checkpoints/set_aside/, out of retention's reach."""
-        plan = self._broadcast(self._plan() if self.info.is_main else None)
-        if "error" in plan:
-            self._fail(plan["error"])
-        steering = Steering(plan["step"], tuple(plan["reset"]))
-        for folder in map(Path, plan["folders"]):
-            verdict, problem = self._check(folder)
-            worst = self._worst(verdict)
-            if worst == UNSAFE:
-                if isinstance(problem, UnsafeCheckpoint):
-                    raise problem
-                raise SystemExit(UnsafeCheckpoint.exit_code)  # the rank that found it says why, once
-            if worst == READABLE:
-                try:
-                    step = self.load(folder, steering.reset)
-                except UserError:
-                    raise
-                except (Exception, CheckpointException) as err:  # CheckpointException is no Exception subclass
-                    verdict, problem = DAMAGED, f"{type(err).__name__}: {err}"
-                worst = self._worst(verdict)
-            if worst == READABLE:
-                log.info("resumed from %s at step %d", folder, step)
-                return self._steered(step, steering)
-            if problem:
-                log.warning("skipping checkpoint %s: %s; trying the previous one", folder, problem)
-            else:
-                log.info("skipping checkpoint %s: another rank cannot load its part", folder)
-        if steering.step is not None:
-            self._fail(f"train.resume_step={steering.step}: the checkpoint of that step cannot be loaded (above)")
-        self._set_aside(0)  # none loadable (or none at all): a fresh start never overwrites a damaged one
-        return 0
-
-    def _fail(self, message: str) -> None:
-        """A user error every rank found: rank 0 says it, the others exit with its status silently."""
-        if self.info.is_main:
-            raise UserError(message)
-        raise SystemExit(UserError.exit_code)
-
-    def _plan(self) -> dict:
-        """On rank 0: the folders to try, newest first, and what train.resume_step/train.reset still ask for."""
-        try:
-            steering = pending(self.cfg.train, self.store.root)
-        except UserError as err:  # a damaged steering.json: said by rank 0, every rank stops (not a hang)
-            return {"error": str(err)}
-        folders = self.store.candidates()
-        if steering.step is not None:
-            folders = [f for f in folders if step_of(f) == steering.step]
-            if not folders:
-                sealed = [step_of(f) for f in self.store.candidates()]
-                return {
-                    "error": f"train.resume_step={steering.step}: no sealed checkpoint of that step in "
-                    f"{self.store.root} (sealed: {sealed or 'none'}; `scale ckpt info {self.store.root}`)"
-                }
-        return {"folders": [str(f) for f in folders], "step": steering.step, "reset": list(steering.reset)}
-
-    def _steered(self, step: int, steering: Steering) -> int:
-        """Apply train.reset's 'schedules' and 'ema' after a load; set newer checkpoints aside; record it."""
-        if "ema" in steering.reset and self.method.teacher is not None:
-            self.engine.ema(0.0)  # teacher = student, through each engine's own EMA (sharded or not)
-            log.info("train.reset: the teacher restarts as a copy of the student")
-        start = 0 if "schedules" in steering.reset else step
-        if start != step:
-            log.info("train.reset: the step count restarts at 0 (schedules from the start), weights of step %d", step)
-        aside = self._set_aside(start if start == step else -1)
-        self.steered = steering != Steering()
-        if self.steered and self.info.is_main:
-            record(self.store.root, steering, step, aside)
-        return start
-
-    def _set_aside(self, after: int) -> Path | None:
-        """Collective: rank 0 moves the checkpoints newer than step `after` aside (they are kept)."""
-        aside = self.store.set_aside(after) if self.info.is_main else None
-        if aside is not None:
-            log.warning("moved the checkpoints newer than step %d to %s (kept, not deleted)", max(after, 0), aside)
-        self._barrier()
-        return aside
-
-    def _check(self, folder: Path) -> tuple[int, object]:
-        try:
-            problem = check_files(folder, self.info.rank, self.info.world_size)
-        except UnsafeCheckpoint as err:
-            return UNSAFE, err
-        return (DAMAGED, problem) if problem else (READABLE, None)
-
-    def load(self, folder: Path, reset: tuple[str, ...] = ()) -> int:
-        """Load `folder`; `reset` (train.reset) names the parts left fresh: 'optimizer' and 'data' are not read."""
-        meta = self.store.read_meta(folder)
-        if meta["engine"] != self.cfg.engine.kind:
-            raise UserError(
-                f"{folder} was written by engine '{meta['engine']}', this run uses "
-                f"'{self.cfg.engine.kind}': resume with engine.kind={meta['engine']}"
-            )
-        optimizer = "optimizer" not in reset
-        if self.engine.native_checkpoint:
-            check_deepspeed_fits(self.engine, folder / "engine", self.info.is_main)
-            self.engine.load_native(folder / "engine", meta["world_size"], optimizer=optimizer)
-            run_state = load_torch(folder / "run_state.pt")
-        else:
-            state = {"engine": self.engine.state_dict(), "run": self._run_state(0)}
-            if not optimizer:
-                state["engine"] = {k: v for k, v in state["engine"].items() if k not in ("optimizer", "scaler")}
-            reader = SafeReader(str(folder / "dcp"))
-            check_fits(folder, state, reader.read_metadata(), self.info.is_main)
-            saved = rollback.snapshot(state)  # a load that fails half-way leaves none of its tensors
-            try:
-                dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self.group)
-            except BaseException:
-                rollback.restore(saved)
-                raise
-            self.engine.load_state_dict(state["engine"])
-            run_state = state["run"]
-        self.method.load_state_dict(run_state["method"])
-        if "data" in reset:
-            log.info("train.reset: the loader starts at sample 0 with its counters at 0")
-        else:
-            self.loader.load_state_dict(run_state["loader"])
-            self.loader.load_counters(self._saved_counters(folder, meta))
-        if not optimizer:
-            log.info("train.reset: fresh optimizer state (moments, loss scale); weights from %s", folder)
-        self._restore_rng(folder, meta)
-        if (folder / MONITORS_FILE).exists():  # checkpoints written before the monitors were saved lack it
-            self.monitors.load_state_dict(load_torch(folder / MONITORS_FILE))
-        return int(run_state["step"])
-
-    def _saved_counters(self, folder: Path, meta: dict) -> dict:
-        """This rank's counters at the same world size; at another, an even share of every saved rank's. A
-        checkpoint written before the counters were saved has none: they start at 0."""
-        saved = {}
-        for path in sorted((folder / COUNTERS_DIR).glob("rank*.json")):
-            try:
-                saved[int(path.stem.removeprefix("rank"))] = read_json(path, DATA_COUNTERS)
-            except (OSError, ValueError, BadFile) as err:
-                log.warning("data counters %s unreadable (%s): they start at 0", path, err)
-                return {}
-        if meta["world_size"] == self.info.world_size:
-            return saved.get(self.info.rank, {})
-        kinds = {kind for state in saved.values() for kind in state.get("errors", {})}
-        total = {
-            "samples": sum(state.get("samples", 0) for state in saved.values()),
-            "epoch_errors": sum(state.get("epoch_errors", 0) for state in saved.values()),
-            **{kind: sum(state.get("errors", {}).get(kind, 0) for state in saved.values()) for kind in kinds},
-        }
-        rank, size = self.info.rank, self.info.world_size
-        share = {key: n // size + (rank < n % size) for key, n in total.items()}
-        return {
-            "samples": share["samples"],
-            "epoch_errors": share["epoch_errors"],
-            "errors": {k: share[k] for k in kinds},
-        }
-
-    def _restore_rng(self, folder: Path, meta: dict) -> None:
-        own = folder / "rng" / f"rank{self.info.rank}.pt"
-        if meta["world_size"] == self.info.world_size and own.exists():
-            rng.restore(load_torch(own))
-        else:  # another world size: fresh, reproducible streams per rank, distinct from the first run's
-            from scale.engine.dist import seed_everything
-
-            seed_everything(self.cfg.train.seed + 1_000_003 * (1 + int(meta["step"])), self.info.rank)

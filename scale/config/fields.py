@@ -9,7 +9,7 @@
     eps: float = above(1e-8, 0.0)  # a strict lower bound
     betas: list[float] = below([0.9, 0.999], 0.0, 1.0)  # an inclusive lower and a strict upper bound
 
-On resume (scale/loop/resume.py), a FIXED field that differs from the run's saved config.yaml is refused (exit 2): it
+On resume (scale/checkpoint/resume.py), a FIXED field that differs from the run's saved config.yaml is refused (exit 2): it
 changes a checkpointed tensor's shape, the set of trained parameters, or what the saved state means. A NOTED field
 may change; the resumed run logs the change. Every other field changes freely (budgets, logging, paths of outputs).
 tests/checkpoint/test_fixed_fields.py fails when a field that shapes a checkpointed tensor is not FIXED.

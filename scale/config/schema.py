@@ -68,7 +68,7 @@ class TrainConfig:
     resume_step: int | None = at_least(None, 0)
     # parts of the saved state a resume leaves fresh, on purpose: optimizer | data | schedules | ema (docs/how-to/resume.md); applied once, like resume_step
     reset: list[str] = choice(
-        [], listed_in("scale.checkpoint.steering", "RESETS", ("optimizer", "data", "schedules", "ema"))
+        [], listed_in("scale.checkpoint.resume", "RESETS", ("optimizer", "data", "schedules", "ema"))
     )
     # experiment trackers besides metrics.jsonl (always): tensorboard | wandb | mlflow (docs/how-to/trackers.md)
     # experiment trackers besides metrics.jsonl (always): tensorboard | wandb | mlflow (README 'Tracking runs')

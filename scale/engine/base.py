@@ -76,7 +76,9 @@ class Engine(abc.ABC):
     # Engines whose state goes through torch.distributed.checkpoint (DDP, FSDP2) return DCP-ready nested dicts
     # here (torch.distributed.checkpoint.state_dict.get_state_dict / set_state_dict), keyed "student", "teacher",
     # "optimizer". DeepSpeed writes its own files instead: it sets native_checkpoint = True and implements
-    # save_native(folder) / load_native(folder, saved_world_size).
+    # save_native(folder) / load_native(folder, saved_world_size) with its library's calls only, and hands the
+    # tensors of any other file (the teacher's, the buffers of an elastic load) to scale.checkpoint.state, which
+    # opens every file; `rollback_point` says what a load writes, so one rollback serves every engine.
     native_checkpoint: bool = False
 
     def state_dict(self) -> dict:

@@ -18,8 +18,10 @@ optimizer is a torch optimizer from scale.optim with the same parameter groups a
   once unfrozen its bias correction is that of the group.
 - LARS and LAMB compute trust ratios per tensor, which DeepSpeed's flat partitions would turn into one ratio per
   partition: they are refused (use ddp or fsdp2).
-- Checkpoints are DeepSpeed's own (`save_native` / `load_native`). ZeRO-1/2 checkpoints also resume on another
-  world size, through DeepSpeed's universal checkpoint format (converted on first use); ZeRO-3 ones do not.
+- Checkpoints are DeepSpeed's own (`save_native` / `load_native`, DeepSpeed's calls only). ZeRO-1/2 checkpoints
+  also resume on another world size, through DeepSpeed's universal checkpoint format (converted on first use);
+  ZeRO-3 ones do not. The teacher's file and the buffers an elastic load needs are written and read by
+  scale.checkpoint.state, which hands their tensors to `teacher_state` / `load_teacher_state` / `load_buffers`.
 """
 
 import hashlib
@@ -36,7 +38,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scale.engine import rollback
 from scale.engine.base import Engine
 from scale.engine.ds_internals import (
     client_optimizer,
@@ -57,7 +58,7 @@ from scale.engine.parallelize import parallelize
 from scale.engine.params import clean_name, named_parameters, nbytes
 from scale.engine.precision import resolve_precision
 from scale.engine.torch_engine import broadcast_module
-from scale.errors import UserError
+from scale.errors import UserError, os_error
 from scale.extras import require
 from scale.methods.base import Method
 from scale.optim import build_optimizer, keep_settings, param_groups, settings
@@ -134,22 +135,50 @@ def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True, hpz
     return config
 
 
-def universal_folder(folder: Path) -> Path:
-    """DeepSpeed's universal form of the checkpoint in `folder` (`folder`/universal, converted by rank 0 on first
-    use, through a temporary folder so that a kill leaves nothing half-written). A collective."""
-    out = folder / "universal"
-    if dist.get_rank() == 0 and not out.exists():
-        partial = folder / "universal.partial"
-        shutil.rmtree(partial, ignore_errors=True)  # what a killed conversion left
-        convert_to_universal(folder / CHECKPOINT_TAG, partial / CHECKPOINT_TAG)
-        os.replace(partial, out)
-    dist.barrier()
+# how rank 0's conversion to the universal form went, as it tells the other ranks
+CONVERTED, UNCONVERTIBLE, UNWRITABLE = 0, 1, 2
+
+
+def universal_folder(folder: Path, group: dist.ProcessGroup | None, device: torch.device) -> Path:
+    """DeepSpeed's universal form of the checkpoint in `folder` (`folder`/universal, converted by the group's rank 0
+    on first use, through a temporary folder so that a kill leaves nothing half-written). A collective of `group`,
+    which rank 0 ends by telling the others how the conversion went, so that a failure stops every rank instead of
+    leaving them waiting: a file that cannot be written (a full disk) is a UserError (exit 2) said by rank 0 once,
+    nothing loaded or deleted; any other failure (a damaged file) is raised on every rank, for the resume to try
+    the previous checkpoint."""
+    out, partial = folder / "universal", folder / "universal.partial"
+    failed = None
+    if dist.get_rank(group) == 0 and not out.exists():
+        try:
+            shutil.rmtree(partial, ignore_errors=True)  # what a killed conversion left
+            convert_to_universal(folder / CHECKPOINT_TAG, partial / CHECKPOINT_TAG)
+            os.replace(partial, out)
+        except Exception as err:
+            failed = err
+            shutil.rmtree(partial, ignore_errors=True)
+    verdict = CONVERTED if failed is None else UNWRITABLE if os_error(failed) is not None else UNCONVERTIBLE
+    flag = torch.tensor([verdict], dtype=torch.int32, device=device)
+    dist.broadcast(flag, group=group, group_src=0)  # also the barrier: the universal form is complete
+    verdict = int(flag.item())
+    if verdict == UNWRITABLE and failed is not None:
+        raise UserError(
+            f"{folder}: resuming on another number of ranks converts it to DeepSpeed's universal form beside it, "
+            f"which could not be written ({os_error(failed)}). Free space there (about the checkpoint's size) or "
+            f"resume on the number of ranks that wrote it; nothing was loaded or deleted."
+        ) from None
+    if verdict == UNWRITABLE:
+        raise SystemExit(UserError.exit_code)  # rank 0 says why, once
+    if failed is not None:
+        raise failed
+    if verdict == UNCONVERTIBLE:
+        raise RuntimeError(f"{folder}: rank 0 could not convert it to DeepSpeed's universal form (its log says why)")
     return out
 
 
 class DeepSpeedEngine(Engine):
     kind = "deepspeed"
     native_checkpoint = True
+    checkpoint_tag = CHECKPOINT_TAG
     syncs_each_step = True
 
     def __init__(self, engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device):
@@ -371,13 +400,12 @@ class DeepSpeedEngine(Engine):
             )
         if failed:
             raise failed[0]
-        if self.method.teacher is not None:
-            self.save_teacher(folder)
 
     def load_native(self, folder, saved_world_size: int, optimizer: bool = True) -> None:
         """On the saving world size, DeepSpeed's own load; on another (ZeRO-1/2), through its universal checkpoint
         format, converted once beside the checkpoint. `optimizer` False: the optimizer keeps its fresh state.
-        The checkpointer has checked that the checkpoint fits this model (scale.checkpoint.fit)."""
+        The checkpointer has checked that the checkpoint fits this model (scale.checkpoint.resume) and rolls a load
+        that fails half-way back (`rollback_point`)."""
         folder = Path(folder)
         elastic = saved_world_size != self.dist_info.world_size
         if elastic and self.stage == 3:
@@ -387,16 +415,8 @@ class DeepSpeedEngine(Engine):
                 f"next update differs from the uninterrupted run's). Resume on {saved_world_size} ranks, or train "
                 f"with engine.kind=fsdp2, whose checkpoints load on any number of ranks."
             )
-        saved = self._snapshot()  # a load that fails half-way leaves none of the failed checkpoint's tensors
-        try:
-            self._load(folder, elastic, optimizer)
-        except BaseException:
-            self._restore(saved)
-            raise
-
-    def _load(self, folder: Path, elastic: bool, optimizer: bool) -> None:
         recipe = settings(client_optimizer(self.ds.optimizer))
-        source = universal_folder(folder) if elastic else folder
+        source = universal_folder(folder, self.dist_info.dp_group, self.device) if elastic else folder
         with universal_load(self.ds, elastic):
             path, _ = self.ds.load_checkpoint(
                 str(source), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer, load_lr_scheduler_states=optimizer
@@ -405,48 +425,47 @@ class DeepSpeedEngine(Engine):
         keep_settings(client_optimizer(self.ds.optimizer), recipe)
         if path is None:
             raise UserError(f"{folder}: no DeepSpeed checkpoint (tag '{CHECKPOINT_TAG}') found")
-        if elastic:
-            self._load_student_buffers(folder)
-        if self.method.teacher is not None:
-            self.load_teacher(folder)
 
-    def _snapshot(self) -> tuple:
-        """CPU copies of what a load writes into: the weights and buffers this rank holds, the fp32 masters, the
-        teacher. The inner optimizer's state tensors and groups by reference, which costs no memory: every load of
-        the checkpoints this engine writes puts new ones in place (torch's Optimizer.load_state_dict, the universal
-        loads' new buffers; only DeepSpeed's ZeRO-1/2 load of an `elastic_checkpoint` file, which it never writes,
-        copies into them), and ZeRO-3's load appends to the groups' `params` lists. DeepSpeed's step counters."""
+    def rollback_point(self, moments: bool = False) -> tuple[list, Callable[[], None]]:
+        """What a load writes into, for scale.checkpoint.state.rolled_back: the weights and buffers this rank
+        holds, the fp32 masters, the teacher (copied there); and a function putting back the inner optimizer's
+        state tensors and groups, kept by reference, which costs no memory: every load of the checkpoints this
+        engine writes puts new ones in place (torch's Optimizer.load_state_dict, the universal loads' new buffers),
+        and ZeRO-3's load appends to the groups' `params` lists; and DeepSpeed's step counters. `moments`: the
+        checkpoint is a ZeRO-1/2 one in DeepSpeed's `elastic_checkpoint` form (never written here), whose load
+        copies into the live moments: they are copied too."""
         masters = fp32_master_partitions(self.ds.optimizer, self.stage)
         live = [self.held(self.ds.module), list(self.ds.module.buffers()), list(masters)]
         if self.method.teacher is not None:
             live.append(self.teacher_state())
         inner = client_optimizer(self.ds.optimizer)
+        if moments:
+            live.append([v for s in inner.state.values() for v in s.values() if torch.is_tensor(v)])
         state = {p: dict(s) for p, s in inner.state.items()}  # the loads set keys of these dicts: shallow copies
         counters = {name: getattr(self.ds, name) for name in COUNTERS}
-        kept = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in inner.param_groups]
-        return rollback.snapshot(live), inner.param_groups, kept, state, counters
+        groups = inner.param_groups
+        kept_groups = [{k: list(v) if k == "params" else v for k, v in g.items()} for g in groups]
 
-    def _restore(self, saved: tuple) -> None:
-        tensors, groups, kept_groups, state, counters = saved
-        rollback.restore(tensors)
-        inner = client_optimizer(self.ds.optimizer)
-        inner.state = defaultdict(dict, state)
-        inner.param_groups = groups
-        for group, kept in zip(groups, kept_groups):
-            group.clear()
-            group.update(kept)
-        for name, value in counters.items():
-            setattr(self.ds, name, value)
+        def undo() -> None:
+            inner = client_optimizer(self.ds.optimizer)
+            inner.state = defaultdict(dict, state)
+            inner.param_groups = groups
+            for group, kept in zip(groups, kept_groups):
+                group.clear()
+                group.update(kept)
+            for name, value in counters.items():
+                setattr(self.ds, name, value)
 
-    def _load_student_buffers(self, folder: Path) -> None:
+        return live, undo
+
+    def load_buffers(self, saved: dict[str, torch.Tensor], source) -> None:
         """The universal format carries parameters only: buffers (BatchNorm statistics) come from rank 0's model
-        states, as DCP keeps one copy of replicated buffers."""
-        first = sorted((folder / CHECKPOINT_TAG).glob("*model_states.pt"))[0]
-        saved = torch.load(first, map_location="cpu", weights_only=True)["module"]  # ZeRO-1/2: every weight too
+        states (`saved`, read from `source` by scale.checkpoint.state), as DCP keeps one copy of replicated
+        buffers."""
         with torch.no_grad():
             for name, buffer in self.ds.module.named_buffers():
                 if name not in saved:
-                    raise UserError(f"{first}: no entry for buffer '{name}'")
+                    raise UserError(f"{source}: no entry for buffer '{name}'")
                 buffer.copy_(saved[name])
 
     def teacher_state(self) -> dict[str, torch.Tensor]:
@@ -458,19 +477,12 @@ class DeepSpeedEngine(Engine):
             }
         return module.state_dict()
 
-    def save_teacher(self, folder: Path) -> None:
-        name = f"teacher_rank{self.dist_info.rank}.pt" if self.stage == 3 else "teacher.pt"
-        if self.stage == 3 or self.dist_info.is_main:
-            with open(folder / name, "wb") as f:  # a full disk: an OSError (torch.save's own writer: a RuntimeError)
-                torch.save(self.teacher_state(), f)
-
-    def load_teacher(self, folder: Path) -> None:
-        name = f"teacher_rank{self.dist_info.rank}.pt" if self.stage == 3 else "teacher.pt"
-        saved = torch.load(folder / name, map_location=self.device, weights_only=True)
+    def load_teacher_state(self, saved: dict[str, torch.Tensor], source) -> None:
+        """Copy `saved` (the teacher_state() of the run that saved, read from `source`) into the teacher."""
         with torch.no_grad():
             for key, tensor in self.teacher_state().items():
                 if key not in saved:
-                    raise UserError(f"{folder / name}: no entry for teacher '{key}'")
+                    raise UserError(f"{source}: no entry for teacher '{key}'")
                 tensor.copy_(saved[key])
 
     def export_state_dict(self, which: str = "teacher") -> dict[str, torch.Tensor]:

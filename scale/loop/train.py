@@ -2,16 +2,17 @@
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from scale.checkpoint import Checkpointer, CheckpointStore
+from scale.checkpoint import Checkpointer
 from scale.checkpoint.diskspace import check_before_save, check_start, quiet_full_disk_in_threads, weights_bytes
 from scale.checkpoint.init import check_init_weights
+from scale.checkpoint.resume import Start, read_start
+from scale.checkpoint.state import run_states
 from scale.checkpoint.store import epochs_done
 from scale.config import load_recipe
 from scale.config.validate import check_launch
@@ -25,7 +26,6 @@ from scale.faults import maybe_inject
 from scale.launch.local import CHECKED, LAUNCH_MARK, already_launched, spawn
 from scale.loop.cadence import Cadence, StepPlan
 from scale.loop.preemption import Preemption
-from scale.loop.resume import check_resumable
 from scale.loop.rundir import RunDir, setup_logging
 from scale.loop.runlock import RunLock
 from scale.loop.runlock import hold as hold_run_lock
@@ -84,21 +84,6 @@ def validates(cfg: DictConfig, synthetic: bool = False) -> bool:
     """Whether the run reports validation accuracy (a method with a class head, train.val_every_epochs > 0, real
     data)."""
     return has_class_head(cfg) and cfg.train.val_every_epochs > 0 and not synthetic
-
-
-@dataclass(frozen=True)
-class Start:
-    """What start-up reads of the run directory, once per process: the changes to an existing run's settings that
-    check_resumable allowed and the log names (fields NOTED on resume), and whether no checkpoint is sealed yet
-    (a fresh run loads train.init_weights)."""
-
-    notes: list[str]
-    fresh: bool
-
-
-def read_start(run: RunDir, cfg: DictConfig) -> Start:
-    """Raises ConfigError when the run directory cannot continue with this recipe (scale.loop.resume)."""
-    return Start(check_resumable(run, cfg), not CheckpointStore(run.checkpoints).candidates())
 
 
 def prepare_run_dir(cfg: DictConfig, run: RunDir, info: ParallelContext) -> None:
@@ -166,9 +151,8 @@ class Trainer:
         )
         self.engine, self.method, self.loader = self.step.engine, self.step.method, self.step.loader
         self.steps_per_epoch, self.total_steps = self.step.steps_per_epoch, self.step.total_steps
-        self.checkpointer = Checkpointer(
-            run.checkpoints, cfg, info, self.engine, self.method, self.loader, self.step.monitors
-        )
+        states = run_states(self.method, self.loader, self.step.monitors, info, cfg.train.seed)
+        self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, states)
         self.collapse = CollapseAlarm(cfg, self.steps_per_epoch, self.method.teacher_classes, info.dp_group)
         self.preemption = Preemption(list(cfg.train.preempt_signals), info.dp_group)
         self.cadence = Cadence.of(cfg.train, self.steps_per_epoch, self.total_steps, validation)

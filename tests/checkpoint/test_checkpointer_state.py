@@ -1,18 +1,23 @@
 """Checkpointer, single process with stand-in engine, method and loader: train.async_save seals a checkpoint as soon
 as its write completes; the loader's counters (data/samples, data/errors, the error budget) continue after a resume."""
 
+import errno
 import json
 import shutil
 import time
 from collections import Counter
 
+import pytest
 import torch
+import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from scale.checkpoint.checkpointer import COUNTERS_DIR, Checkpointer
+from scale.checkpoint.checkpointer import Checkpointer
+from scale.checkpoint.state import PER_RANK, DataCounters, RankFiles, run_states
 from scale.checkpoint.store import LATEST, META, file_sizes, step_name
 from scale.data.loader import Loader
 from scale.engine.parallel import ParallelContext
+from scale.errors import UserError
 
 
 class Stateful:
@@ -48,7 +53,8 @@ def checkpointer(root, weight, async_save=True, rank=0, world_size=1):
         rank=rank, world_size=world_size, local_rank=0, master_addr="", master_port=0, launcher="single"
     )
     engine = Stateful(w=weight)
-    return Checkpointer(root, cfg, info, engine, Stateful(c=1), CountingLoader(), Stateful(m=0)), engine
+    states = run_states(Stateful(c=1), CountingLoader(), Stateful(m=0), info, seed=0)
+    return Checkpointer(root, cfg, info, engine, states), engine
 
 
 def test_async_checkpoint_is_sealed_when_its_write_completes(tmp_path):
@@ -75,21 +81,68 @@ def test_resumed_run_continues_the_data_counters_and_error_budget(tmp_path):
     assert resumed.loader.metrics() == saver.loader.metrics() and resumed.loader.epoch_errors == 3
     assert resumed.loader.metrics()["data/samples"] == 96 and resumed.loader.metrics()["data/errors"] == 3
     # another world size (2 ranks resume what 1 saved): each rank takes an even share of the saved totals
-    shares = [
-        checkpointer(tmp_path, torch.zeros(4), rank=rank, world_size=2)[0]._saved_counters(
-            tmp_path / step_name(3), {"world_size": 1}
-        )
-        for rank in range(2)
-    ]
+    saved = {"world_size": 1, "step": 3, "ranks": RankFiles(tmp_path / step_name(3), PER_RANK["counters"])}
+    shares = [DataCounters(CountingLoader(), rank, 2).share(saved) for rank in range(2)]
     assert shares == [
         {"samples": 48, "epoch_errors": 2, "errors": {"corrupt": 1, "truncated": 1}},
         {"samples": 48, "epoch_errors": 1, "errors": {"corrupt": 1, "truncated": 0}},
     ]
     # a checkpoint written before the counters were saved: they start at 0
     folder = tmp_path / step_name(3)
-    shutil.rmtree(folder / COUNTERS_DIR)
+    shutil.rmtree(folder / "data_counters")
     meta = json.loads((folder / META).read_text())
     (folder / META).write_text(json.dumps({**meta, "files": file_sizes(folder)}))
     old, _ = checkpointer(tmp_path, torch.zeros(4), async_save=False)
     old.loader.samples_seen = 5
     assert old.resume() == 3 and old.loader.metrics()["data/samples"] == 0 and old.loader.epoch_errors == 0
+
+
+class Model(Stateful):
+    """A method with a student to size (what a full disk's message compares) and no teacher."""
+
+    teacher = None
+
+    def __init__(self):
+        super().__init__(c=1)
+        self.student = torch.nn.Linear(2, 2)
+
+
+@pytest.fixture
+def group_of_one():
+    """The checkpointer's collectives (agreement, broadcast, barrier) over a real gloo group of one rank, in this
+    process."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def grouped(root, weight):
+    saver, engine = checkpointer(root, weight, async_save=False)
+    saver.states["method"] = saver.method = Model()
+    return saver, engine
+
+
+def test_a_write_failing_in_a_group_stops_the_save_and_keeps_the_previous_checkpoint(
+    tmp_path, group_of_one, monkeypatch
+):
+    saver, _ = grouped(tmp_path, torch.arange(4.0))
+    saver.save(2)
+
+    def full_disk(obj, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr("scale.checkpoint.state.write_torch", full_disk)
+    with pytest.raises(UserError, match="No space left on device"):
+        saver.save(4)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [step_name(2)]  # no partial folder left
+    assert [json.loads(line)["step"] for line in (tmp_path / "saves.jsonl").read_text().splitlines()] == [2]
+    monkeypatch.undo()
+    resumed, engine = grouped(tmp_path, torch.zeros(4))
+    assert resumed.resume() == 2 and torch.equal(engine.state["w"], torch.arange(4.0))
+
+
+def test_retention_in_a_group_keeps_the_newest_and_the_ones_asked_for(tmp_path, group_of_one):
+    saver, _ = grouped(tmp_path, torch.arange(4.0))
+    for step in (1, 2, 3, 4):
+        saver.save(step)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [step_name(3), step_name(4)]  # keep_last 2

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from scale.checkpoint.fit import check_deepspeed_fits
+from scale.checkpoint.resume import check_deepspeed_fits
 from scale.checkpoint.safe_load import UnsafeCheckpoint, load_torch
 from scale.engine.deepspeed import CHECKPOINT_TAG
 from scale.errors import UserError

@@ -6,12 +6,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from scale.checkpoint.resume import keys_with
 from scale.config import load_recipe
 from scale.config.fields import FIXED
 from scale.config.schema import Recipe
 from scale.config.validate import get_key, schema_rules
 from scale.errors import UserError
-from scale.loop.resume import keys_with
 from scale.methods import build_method
 
 # one config per family of checkpointed shapes: methods x backbones

@@ -4,13 +4,15 @@ the newer ones aside (applied once); each train.reset entry leaves its part fres
 checkpoint never lets the new run overwrite it. The fixed-field refusal: every FIXED key of the schema."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from scale.checkpoint.checkpointer import Checkpointer
-from scale.checkpoint.steering import RECORD
+from scale.checkpoint.resume import RECORD, check_compatible, keys_with
+from scale.checkpoint.state import run_states
 from scale.checkpoint.store import SET_ASIDE, CheckpointStore, step_name
 from scale.config import load_recipe
 from scale.config.fields import FIXED, NOTED
@@ -18,7 +20,6 @@ from scale.config.schema import Recipe
 from scale.config.validate import get_key, schema_rules
 from scale.engine.parallel import ParallelContext
 from scale.errors import ConfigError, UserError
-from scale.loop.resume import check_compatible, keys_with
 from tests.checkpoint.test_checkpointer_state import CountingLoader, Stateful
 from tests.checkpoint.test_fixed_fields import perturbed
 
@@ -63,7 +64,8 @@ def toy(root, value, width=4, resume_step=None, reset=()):
     )
     info = ParallelContext(rank=0, world_size=1, local_rank=0, master_addr="", master_port=0, launcher="single")
     engine, loader = ToyEngine(value, width), CountingLoader()
-    return Checkpointer(root, cfg, info, engine, ToyMethod(c=1), loader, Stateful(m=0)), engine, loader
+    states = run_states(ToyMethod(c=1), loader, Stateful(m=0), info, seed=0)
+    return Checkpointer(root, cfg, info, engine, states), engine, loader
 
 
 def saved_run(root, steps=(2, 4, 6)):
@@ -198,3 +200,36 @@ def test_a_fresh_start_past_only_damaged_checkpoints_keeps_them_aside(tmp_path):
     assert saver.resume() == 0
     store = CheckpointStore(root)
     assert store.step_dirs() == [] and [p.name for p in store.set_aside_dirs()] == [step_name(2)]
+
+
+def test_a_resume_reads_top_to_bottom_in_four_files_of_checkpoint(tmp_path):
+    """Every function a resume calls (read_start, then the checkpointer's resume of a sealed step), by file: the
+    resume's own logic lives in four files of scale/checkpoint/; outside it only the run's context is read (the
+    parallel context's rank, the run directory's checkpoints path) and the loader's own counters."""
+    import sys
+
+    import scale
+    from scale.checkpoint.resume import read_start
+    from scale.loop.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    saver, _, _ = toy(run.checkpoints, 2.0)
+    saver.save(2)
+    resumer, _, _ = toy(run.checkpoints, 0.0)
+    package, seen = str(Path(scale.__file__).parent) + "/", set()
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            seen.add(frame.f_code.co_filename.removeprefix(package))
+
+    previous = sys.gettrace()  # a coverage run's tracer, put back after
+    sys.settrace(tracer)
+    try:
+        read_start(run, resumer.cfg)
+        step = resumer.resume()
+    finally:
+        sys.settrace(previous)
+    assert step == 2
+    own = {"checkpoint/resume.py", "checkpoint/state.py", "checkpoint/store.py", "checkpoint/safe_load.py"}
+    helpers = {"checkpoint/checksum.py", "engine/dist.py", "loop/rundir.py", "data/loader.py"}
+    assert own <= seen and seen <= own | helpers, sorted(seen)

@@ -6,10 +6,10 @@ import logging
 import pytest
 from omegaconf import OmegaConf
 
+from scale.checkpoint.resume import check_compatible
 from scale.checkpoint.store import CheckpointStore, resolve, step_name
 from scale.config import load_recipe
 from scale.errors import UserError
-from scale.loop.resume import check_compatible
 
 
 def _save(store: CheckpointStore, step: int, payload: bytes = b"x" * 100) -> None:

@@ -2,11 +2,11 @@
 
 import pytest
 
+from scale.checkpoint.resume import check_resumable
 from scale.cli import main
 from scale.config import load_recipe
 from scale.config.validate import check_launch
 from scale.errors import ConfigError, UserError
-from scale.loop.resume import check_resumable
 from scale.loop.rundir import RunDir
 
 

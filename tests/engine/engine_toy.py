@@ -223,13 +223,14 @@ def engine_run(
     by default this run's)."""
     import torch.distributed.checkpoint as dcp
 
+    from scale.checkpoint.state import load_engine_files, save_engine_files
     from scale.engine.dist import detect
     from scale.optim import apply_schedule
 
     info = detect()
     method, engine = build(engine_kw, optim_kw, method_kw)
     if load_from and engine.native_checkpoint:
-        engine.load_native(load_from, saved_world or info.world_size)
+        load_engine_files(engine, load_from, saved_world or info.world_size)
     elif load_from:
         state = engine.state_dict()
         dcp.load(state, checkpoint_id=load_from)
@@ -251,7 +252,7 @@ def engine_run(
         engine.step(method.frozen_params(ctx))
         engine.ema(method.ema_momentum(ctx))
     if save_to and engine.native_checkpoint:
-        engine.save_native(save_to)
+        save_engine_files(engine, save_to)
         dist.barrier()  # every rank's files written (the checkpointer's agreement, in a run)
     elif save_to:
         dcp.save(engine.state_dict(), checkpoint_id=save_to)

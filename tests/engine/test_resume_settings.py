@@ -30,7 +30,9 @@ def load(engine, folder: str) -> None:
     import torch.distributed.checkpoint as dcp
 
     if engine.native_checkpoint:
-        engine.load_native(folder, 2)
+        from scale.checkpoint.state import load_engine_files
+
+        load_engine_files(engine, folder, 2)
         return
     state = engine.state_dict()
     dcp.load(state, checkpoint_id=folder)

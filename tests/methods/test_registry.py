@@ -8,11 +8,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from scale import errors
+from scale.checkpoint.resume import check_resumable
 from scale.config import load_recipe
 from scale.config.load import from_dict
 from scale.config.schema import Recipe
 from scale.config.validate import schema_rules
-from scale.loop.resume import check_resumable
 from scale.loop.rundir import RunDir
 from scale.methods import build_method, has_class_head
 from scale.methods.base import Method
