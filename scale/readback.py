@@ -215,7 +215,7 @@ EVAL_RESULT = MapOf(Any)
 VAL_RESULT = {"val": Any, "history": ListOf({"step": Integer})}
 # <run>/slurm.json (scale.launch.slurm): the last job submitted for the run
 JOB = {"job_id": (str, Integer)}
-# checkpoints/steering.json (scale.checkpoint.steering): the train.resume_step / train.reset applied
+# checkpoints/steering.json (scale.checkpoint.resume): the train.resume_step / train.reset applied
 STEERING = {
     "applied": {"resume_step": (Integer, NONE), "reset": ListOf(str)},
     "at": Optional(str),
