@@ -17,9 +17,9 @@ import yaml
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from scale.checkpoint.checkpointer import COUNTERS_DIR
 from scale.checkpoint.checksum import checksums
 from scale.checkpoint.diskspace import expected_bytes
+from scale.checkpoint.state import PER_RANK
 from scale.checkpoint.store import META, SET_ASIDE, CheckpointStore, file_sizes, step_name
 from scale.cli import main as cli
 from scale.config import load_recipe
@@ -135,7 +135,7 @@ def test_damaged_data_counters_start_at_zero_with_a_warning(tmp_path, caplog, ho
     saver, _, loader = toy(root, 2.0)
     loader.samples_seen = 7
     saver.save(2)
-    damage(root / step_name(2) / COUNTERS_DIR / "rank0.json", how)
+    damage(root / step_name(2) / PER_RANK["counters"].format(rank=0), how)
     reseal(root / step_name(2))
     saver, _, loader = toy(root, 0.0)
     with caplog.at_level(logging.WARNING):

@@ -22,6 +22,7 @@ from scale.checkpoint.state import (
     write_states,
 )
 from scale.engine.parallel import ParallelContext
+from scale.readback import BadFile
 from tests.checkpoint.test_checkpointer_state import CountingLoader
 from tests.checkpoint.test_checkpointer_state import Stateful as Box
 
@@ -98,7 +99,7 @@ def test_skipped_states_are_not_read(tmp_path):
 def test_unreadable_counters_start_at_zero_and_a_list_is_no_state(tmp_path):
     (tmp_path / "data_counters").mkdir()
     (tmp_path / "data_counters" / "rank0.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match="not a dict"):
+    with pytest.raises(BadFile, match="a list, not an object"):
         RankFiles(tmp_path, PER_RANK["counters"]).get(0)
     resumed = states()
     resumed["loader"].samples_seen = 4

@@ -6,9 +6,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from scale import errors
+from scale.checkpoint.resume import check_resumable
 from scale.config import load_recipe
 from scale.config.load import from_dict
-from scale.checkpoint.resume import check_resumable
 from scale.loop.rundir import RunDir
 from scale.methods.config import MOCO_KINDS, OLD_MOCO
 
