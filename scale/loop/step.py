@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 
 from scale.checkpoint.init import load_init_weights
@@ -166,11 +167,18 @@ class NonFiniteStep(Exception):
     stops the run with its message."""
 
 
-def read_record(record: dict) -> dict:
-    """The record with its tensors read on the host: one copy for all of them (a log step's only wait)."""
+def read_record(record: dict, group: dist.ProcessGroup | None = None) -> dict:
+    """The record with its tensors read on the host: one copy for all of them (a log step's only wait). With the
+    data-parallel `group` (the parallel context's dp_group), each tensor figure is the mean over its ranks, so that
+    the loss and the other per-batch figures mean the same at any world size (rank 0's own differed from the
+    run's by its share of the batch). A collective of `group`: every rank calls it on the same (log) steps, with
+    the same tensor keys (the step's code paths depend on the step and the recipe only)."""
     names = [k for k, v in record.items() if torch.is_tensor(v)]
     if not names:
         return dict(record)
     device = record[names[0]].device
-    values = torch.stack([record[k].detach().float().reshape(()).to(device) for k in names]).cpu().tolist()
-    return {**record, **dict(zip(names, values))}
+    values = torch.stack([record[k].detach().float().reshape(()).to(device) for k in names])
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(values, group=group)  # a sum: gloo has no ReduceOp.AVG
+        values /= dist.get_world_size(group)
+    return {**record, **dict(zip(names, values.cpu().tolist()))}

@@ -33,7 +33,7 @@ from scale.loop.step import NonFiniteStep, TrainStep, read_record
 from scale.loop.validation import Validation, check_val_data
 from scale.methods import has_class_head
 from scale.progress import progress_bar
-from scale.trackers import Trackers, check_trackers
+from scale.trackers import Trackers, check_stores, check_trackers
 from scale.watch.collapse import CollapseAlarm
 from scale.watch.heartbeat import Heartbeat
 
@@ -52,6 +52,7 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
         check_launch(cfg, nproc if spawning else detect().world_size, data=not synthetic)
         check_trackers(cfg)
         run.check_writable()
+        check_stores(cfg, run.root)  # the trackers' stores, once the run directory is checked
     start = read_start(run, cfg)
     if not trusted:
         startup_checks(cfg, run, start, synthetic)
@@ -234,7 +235,7 @@ class Trainer:
                 self.validation(self.method, self.engine.autocast, plan.done, plan.done / self.steps_per_epoch)
             )
         if plan.log:
-            record = read_record(record)
+            record = read_record(record, self.info.dp_group)  # the mean over the data-parallel ranks
             self._log(step, record)
             self.bar.set_postfix(loss=f"{record['loss']:.4f}")
         self.bar.update(1)

@@ -8,16 +8,17 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import subprocess
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from scale.errors import ConfigError, UserError, is_disk_full
-from scale.nofollow import write_atomic
+from scale.nofollow import open_fd, write_atomic
 from scale.readback import RUN_CONFIG, TRACKERS, BadFile, read_json, read_yaml
 from scale.trackers.jsonl import JsonlSink
 
@@ -50,6 +51,26 @@ def check_trackers(cfg: DictConfig) -> None:
                 f"train.trackers names {name}, whose package '{package}' is not installed: "
                 f"pip install 'scale[trackers]'"
             )
+
+
+def check_stores(cfg: DictConfig, root: Path) -> None:
+    """Before any rank starts, once the run directory is checked: each tracker's local store (its folder created,
+    a probe file written and removed), so that a store that cannot be written is one line (exit 2), not rank 0's
+    traceback once training has started. A server's store is not checked here: its failures cost that tracker's
+    metrics (Trackers)."""
+    settings = tracker_settings(cfg)
+    for name in cfg.train.trackers:
+        for store in sink_class(name).stores(settings, root):
+            try:
+                store.mkdir(parents=True, exist_ok=True)
+                probe = store / f".write-probe-{os.getpid()}"
+                os.close(open_fd(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+                probe.unlink()
+            except OSError as err:
+                raise ConfigError(
+                    f"train.trackers: {name} cannot write its store {store} ({err.strerror or err}); point "
+                    f"it at a folder this job can write (docs/how-to/trackers.md) or leave {name} out"
+                ) from None
 
 
 def git_commit() -> str | None:
@@ -109,13 +130,16 @@ def branch(state: TrackerState, step: int) -> None:
     state.ids, state.last_step = {}, step
 
 
-def open_sinks(cfg: DictConfig, root: Path, state: TrackerState) -> dict:
+def open_sinks(cfg: DictConfig, root: Path, state: TrackerState, tolerate=None) -> dict:
+    """The recipe's trackers, reopened by the ids in `state`. `tolerate(name)`: a context that turns a tracker's
+    failure to open into its absence (training); without it, the failure is raised (attach_artifacts)."""
     settings, config = tracker_settings(cfg), run_config(cfg, root)
     sinks = {}
     for name in cfg.train.trackers:
-        sinks[name] = sink_class(name)(settings, root, state.ids.get(name), config)
-        if sinks[name].run_id is not None:
-            state.ids[name] = sinks[name].run_id
+        with tolerate(name, "opening its run") if tolerate else nullcontext():
+            sinks[name] = sink_class(name)(settings, root, state.ids.get(name), config)
+            if sinks[name].run_id is not None:
+                state.ids[name] = sinks[name].run_id
     state.save()
     return sinks
 
@@ -132,7 +156,9 @@ class Trackers:
         self.state = TrackerState(root)
         if branch_at is not None and branch_at < self.state.last_step:
             branch(self.state, branch_at)
-        self.sinks = open_sinks(cfg, root, self.state)
+        self.failed: set[str] = set()  # trackers dropped after a failure (warned once each)
+        self.sinks: dict = {}  # what a failure while opening drops from (none opened yet)
+        self.sinks = open_sinks(cfg, root, self.state, self._tracker_failure_tolerated)
         self.replayed = False
         self.disk_full = False  # warned once
 
@@ -149,8 +175,9 @@ class Trackers:
                 self.replayed = True
             return
         scalars = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        for sink in self.sinks.values():
-            sink.log(step, scalars)
+        for name, sink in list(self.sinks.items()):
+            with self._tracker_failure_tolerated(name, f"logging step {step}"):
+                sink.log(step, scalars)
         self.state.last_step = step
         self.state.save()
 
@@ -163,7 +190,8 @@ class Trackers:
             self.jsonl.close()
         deadline = time.monotonic() + timeout
         threads = {
-            name: threading.Thread(target=self._close, args=(sink,), daemon=True) for name, sink in self.sinks.items()
+            name: threading.Thread(target=self._close, args=(name, sink), daemon=True)
+            for name, sink in list(self.sinks.items())
         }
         for thread in threads.values():
             thread.start()
@@ -178,9 +206,28 @@ class Trackers:
                 timeout,
             )
 
-    def _close(self, sink) -> None:
-        with self._disk_full_tolerated("the last metrics"):
+    def _close(self, name: str, sink) -> None:
+        with self._tracker_failure_tolerated(name, "closing its run"):
             sink.close()
+
+    @contextmanager
+    def _tracker_failure_tolerated(self, name: str, doing: str):
+        """A tracker that fails (its store unwritable, a full disk, a server gone, its library's own error) costs
+        its own metrics from then on, never the run: one warning, and the tracker is dropped. metrics.jsonl, the
+        run's own record, keeps every step."""
+        try:
+            yield
+        except Exception as err:  # any library's error: the run goes on whatever the tracker raised
+            self.sinks.pop(name, None)
+            if name not in self.failed:
+                log.warning(
+                    "trackers: %s failed %s (%s: %s); the run goes on without it (metrics.jsonl has every step)",
+                    name,
+                    doing,
+                    type(err).__name__,
+                    str(err).splitlines()[0] if str(err) else "",
+                )
+            self.failed.add(name)
 
     @contextmanager
     def _disk_full_tolerated(self, what: str):

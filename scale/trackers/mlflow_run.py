@@ -6,6 +6,8 @@ import os
 import re
 import time
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from scale.trackers.sink import Sink, setting
 
@@ -19,6 +21,21 @@ def flat(tree, prefix: str = "") -> dict[str, str]:
     return {k: v for key, value in tree.items() for k, v in flat(value, f"{prefix}{key}.").items()}
 
 
+def tracking_uri(settings, root: Path) -> str:
+    return setting(settings.tracking_uri, "MLFLOW_TRACKING_URI", (root / "mlruns").resolve().as_uri())
+
+
+def local_store(uri: str) -> Path | None:
+    """The folder a file store (file: URI or plain path) or a SQLite store (the database file's folder) writes;
+    None for a server (http, databricks, ...)."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return Path(url2pathname(parsed.path) if parsed.scheme else uri)
+    if parsed.scheme == "sqlite":  # sqlite:///relative.db, sqlite:////absolute.db
+        return Path(uri.removeprefix("sqlite:///")).parent
+    return None
+
+
 class MlflowSink(Sink):
     package = "mlflow"
 
@@ -26,8 +43,8 @@ class MlflowSink(Sink):
         from mlflow import MlflowClient
         from mlflow.entities import Param, RunStatus
 
-        uri = setting(settings.tracking_uri, "MLFLOW_TRACKING_URI", (root / "mlruns").resolve().as_uri())
-        if uri.startswith("file:"):  # MLflow 3 keeps the file store behind this switch (no SQLAlchemy needed)
+        uri = tracking_uri(settings, root)
+        if urlparse(uri).scheme in ("", "file"):  # MLflow 3 keeps the file store behind this switch (no SQLAlchemy)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         if run_id is None:
@@ -44,6 +61,11 @@ class MlflowSink(Sink):
         else:
             self.client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         self.run_id = run_id
+
+    @staticmethod
+    def stores(settings, root: Path) -> list[Path]:
+        store = local_store(tracking_uri(settings, root))
+        return [] if store is None else [store]
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         from mlflow.entities import Metric

@@ -11,6 +11,12 @@ class Sink:
     package = ""  # what is imported: a missing one is a ConfigError naming the `trackers` extra
     run_id: str | None = None  # saved in <run>/trackers.json and passed back on resume
 
+    @staticmethod
+    def stores(settings, root: Path) -> list[Path]:
+        """The local folders the tracker writes with these settings (none: a server), checked writable before the
+        ranks start (scale.trackers.check_stores)."""
+        return []
+
     def log(self, step: int, scalars: dict[str, float]) -> None:
         raise NotImplementedError
 

@@ -11,8 +11,12 @@ class TensorBoardSink(Sink):
     def __init__(self, settings, root: Path, run_id: str | None, config: dict):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(root / "tensorboard"))
+        self.writer = SummaryWriter(str(self.stores(settings, root)[0]))
         self.run_id = None  # the folder is the run
+
+    @staticmethod
+    def stores(settings, root: Path) -> list[Path]:
+        return [root / "tensorboard"]
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         for key, value in scalars.items():

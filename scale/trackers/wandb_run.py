@@ -22,12 +22,16 @@ class WandbSink(Sink):
             tags=list(settings.tags) or None,
             id=run_id,
             resume="allow",
-            dir=setting(None, "WANDB_DIR", str(root)),
+            dir=str(WandbSink.stores(settings, root)[0]),
             config=config,
             mode="offline" if settings.offline else setting(None, "WANDB_MODE", None),  # None: online
             settings=wandb.Settings(console="off"),  # our own logs are in <run>/logs
         )
         self.run_id = self.run.id
+
+    @staticmethod
+    def stores(settings, root: Path) -> list[Path]:
+        return [Path(setting(None, "WANDB_DIR", str(root)))]  # W&B writes <dir>/wandb, online or offline
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         self.run.log(scalars, step=step)

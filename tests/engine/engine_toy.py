@@ -26,6 +26,7 @@ IN_DIM, DIM, OUT_DIM = 8, 16, 12
 GLOBAL_BATCH, N_GLOBAL, N_LOCAL = 8, 2, 3
 STEPS, FROZEN_STEPS = 5, 2
 LR, WD, MOMENTUM = 1e-2, 0.04, 0.9
+MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's state per parameter that a resume must restore
 
 
 class Block(nn.Module):
@@ -186,6 +187,7 @@ def reference_run(optim_kw: dict, splits: int = 2, steps: int = STEPS, method_kw
                 t.mul_(MOMENTUM).add_((1 - MOMENTUM) * student[n])
     return {
         "losses": losses,
+        "moments": {n: {key: opt.state[p][key].clone() for key in MOMENTS} for n, p in named if p in opt.state},
         "student": {k: v.detach().clone() for k, v in method.student.state_dict().items()},
         "teacher": {k: v.detach().clone() for k, v in method.teacher.state_dict().items()},
     }
@@ -225,6 +227,7 @@ def engine_run(
 
     from scale.checkpoint.state import load_engine_files, save_engine_files
     from scale.engine.dist import detect
+    from scale.loop.step import read_record
     from scale.optim import apply_schedule
 
     info = detect()
@@ -246,8 +249,8 @@ def engine_run(
                 loss, _ = method.loss(shard_batch(local, micro, accum), ctx)
             engine.backward(loss)
             step_loss += loss.detach().float() / accum
-        dist.all_reduce(step_loss)
-        losses.append(float(step_loss) / info.world_size)
+        # the training loop's log-step read: the mean over the data-parallel ranks (reference_run's global mean)
+        losses.append(read_record({"loss": step_loss}, engine.dist_info.dp_group)["loss"])
         apply_schedule(engine.optimizer.param_groups, engine.optim_cfg.lr, WD)
         engine.step(method.frozen_params(ctx))
         engine.ema(method.ema_momentum(ctx))
@@ -261,7 +264,32 @@ def engine_run(
         "student": engine.export_state_dict("student"),
         "teacher": engine.export_state_dict("teacher"),
         "memory": engine.memory(),
+        **({"moments": deepspeed_moments(engine)} if engine.native_checkpoint else {}),
     }
+
+
+def deepspeed_moments(engine) -> dict[str, dict[str, torch.Tensor]]:
+    """ZeRO-1/2: Adam's moments of every student parameter, whole, read from the inner optimizer's state of the
+    flat fp32 partitions through DeepSpeed's fragment map (as its safe_get_full_optimizer_state does, whose own
+    map is linked only by DeepSpeed's step, which scale's engine does not call) and summed over the ranks (each
+    holds its fragment, zeros elsewhere): what reference_run's `moments` holds. None for ZeRO-3."""
+    if engine.stage == 3:
+        return None
+    zero = engine.ds.optimizer
+    moments = {}
+    for name, p in engine.ds.module.named_parameters():
+        mapping, whole = p._hp_mapping, {}
+        for key in MOMENTS:
+            buffer = torch.zeros(p.numel(), dtype=torch.float32)
+            if mapping is not None:
+                flat = zero.single_partition_of_fp32_groups[mapping.param_group_index]
+                state = zero.optimizer.state[flat][key]
+                lp, hp = mapping.lp_fragment_address, mapping.hp_fragment_address
+                buffer.narrow(0, lp.start, lp.numel).copy_(state.narrow(0, hp.start, hp.numel))
+            dist.all_reduce(buffer, group=engine.dist_info.dp_group)
+            whole[key] = buffer.reshape(p.shape)
+        moments[name] = whole
+    return moments
 
 
 def _worker(rank: int, world: int, port: int, fn, args, out: str) -> None:

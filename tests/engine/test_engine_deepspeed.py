@@ -8,6 +8,7 @@ from engine_toy import (
     FROZEN_STEPS,
     LR,
     ToyMethod,
+    engine_run,
     error_of,
     load_and_finish,
     many,
@@ -29,7 +30,20 @@ def zero(stage: int, **kw) -> dict:
 
 
 @pytest.fixture(scope="module")
-def ds_runs(tmp_path_factory):
+def one_rank_saves(tmp_path_factory):
+    """1 rank, 3 steps with 2 micro-batches (BatchNorm sees the 2-rank run's half batches), saved: the checkpoints
+    the 2-rank runs resume (1 -> 2)."""
+    tmp = tmp_path_factory.mktemp("one_rank_saves")
+    calls = [
+        (engine_run, zero(stage, grad_accum=2), {}, 3, 0, None, str(tmp / f"ckpt{stage}"), NO_FREEZE)
+        for stage in (1, 2, 3)
+    ]
+    spawn(many, calls, world=1, tmp_path=tmp)
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def ds_runs(tmp_path_factory, one_rank_saves):
     per_param = {"clip_grad": 0.05, "clip_mode": "per_param"}
     jobs = [
         ("z1", zero(1), per_param),
@@ -45,8 +59,16 @@ def ds_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ds")
     calls = [(run_jobs, jobs, {"method_kw": NO_FREEZE})]
     calls += [(resume_job, zero(stage), str(tmp / f"ckpt{stage}"), 3, NO_FREEZE) for stage in (1, 2, 3)]
-    runs, *resumed = spawn(many, calls, world=2, tmp_path=tmp)
-    return {**runs, **{f"resumed_z{stage}": run for stage, run in zip((1, 2, 3), resumed)}, "tmp": tmp}
+    # 1 -> 2: the 1-rank checkpoints resumed here; ZeRO-3 refused (last: its failed load is the process's last work)
+    calls += [(load_and_finish, zero(stage), str(one_rank_saves / f"ckpt{stage}"), 3, 1, NO_FREEZE) for stage in (1, 2)]
+    calls.append((error_of, load_and_finish, zero(3), str(one_rank_saves / "ckpt3"), 3, 1, NO_FREEZE))
+    runs, *resumed, grown1, grown2, zero3_error = spawn(many, calls, world=2, tmp_path=tmp)
+    return {
+        **runs,
+        **{f"resumed_z{stage}": run for stage, run in zip((1, 2, 3), resumed)},
+        "grown": {1: grown1, 2: grown2, "zero3_error": zero3_error},
+        "tmp": tmp,
+    }
 
 
 @pytest.mark.parametrize("label", ["z1", "z2", "z3"])
@@ -111,14 +133,44 @@ def one_rank(ds_runs, tmp_path_factory):
     return {1: z1, 2: z2, "zero3_error": zero3_error}
 
 
+def assert_same_moments(run: dict, ref: dict) -> None:
+    """Adam's moments of every student parameter after the resumed steps: the uninterrupted run's."""
+    assert run["moments"].keys() == ref["moments"].keys()
+    for name, moments in ref["moments"].items():
+        for key, value in moments.items():
+            # float rounding of the 2-rank sums against the halves averaged: 1e-5 of the tensor's largest moment
+            tol = 1e-5 * float(value.abs().max())
+            torch.testing.assert_close(
+                run["moments"][name][key], value, rtol=1e-4, atol=tol, msg=lambda m, at=f"{name} {key}": f"{at}: {m}"
+            )
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_native_checkpoint_resumes_on_one_rank(ds_runs, one_rank, stage):
-    """The 2-rank checkpoint after 3 steps, loaded on 1 rank (DeepSpeed's universal format), then steps 3..4 with
-    2 micro-batches (BatchNorm sees the same half batches as on 2 ranks): the reference run."""
+    """2 -> 1: the 2-rank checkpoint after 3 steps, loaded on 1 rank (DeepSpeed's universal format), then steps
+    3..4 with 2 micro-batches (BatchNorm sees the same half batches as on 2 ranks): the reference run's weights,
+    teacher, losses and optimizer moments."""
     run = {**one_rank[stage], "losses": ds_runs[f"resumed_z{stage}"]["losses"][:3] + one_rank[stage]["losses"]}
-    assert_same_run(run, reference_run({}, method_kw=NO_FREEZE))
+    ref = reference_run({}, method_kw=NO_FREEZE)
+    assert_same_run(run, ref)
+    assert_same_moments(run, ref)
     assert (ds_runs["tmp"] / f"ckpt{stage}" / "universal" / "state" / "zero").is_dir()  # converted once, kept
 
 
-def test_zero3_checkpoint_on_another_world_size_is_refused(one_rank):
+@pytest.mark.parametrize("stage", [1, 2])
+def test_native_checkpoint_resumes_on_two_ranks(ds_runs, one_rank_saves, stage):
+    """1 -> 2: the 1-rank checkpoint after 3 steps (2 micro-batches), loaded on 2 ranks, then steps 3..4: the
+    reference run's weights, teacher, losses (the mean over the 2 ranks, as the loop logs it) and moments."""
+    saved = reference_run({}, steps=3, method_kw=NO_FREEZE)
+    run = {**ds_runs["grown"][stage], "losses": saved["losses"] + ds_runs["grown"][stage]["losses"]}
+    ref = reference_run({}, method_kw=NO_FREEZE)
+    assert_same_run(run, ref)
+    assert_same_moments(run, ref)
+    assert (one_rank_saves / f"ckpt{stage}" / "universal" / "state" / "zero").is_dir()
+
+
+def test_zero3_checkpoint_on_another_world_size_is_refused(ds_runs, one_rank):
+    """DeepSpeed's universal load of ZeRO-3 restores weights and moments, yet the next update differs: refused
+    both ways (2 -> 1 and 1 -> 2), naming both world sizes."""
     assert "ZeRO-3 checkpoint from 2 ranks cannot be resumed exactly on 1" in (one_rank["zero3_error"] or "")
+    assert "ZeRO-3 checkpoint from 1 ranks cannot be resumed exactly on 2" in (ds_runs["grown"]["zero3_error"] or "")
