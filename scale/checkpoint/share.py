@@ -58,7 +58,8 @@ def timm_args(backbone) -> dict:
     """The VisionTransformer arguments that rebuild scale's ViT `backbone` in timm, state dict names included."""
     from scale.models.vit import ViT
 
-    if not isinstance(backbone, ViT) or any(type(b).__name__ != "Block" for b in backbone.blocks):
+    # ViTBlock is timm's Block with its drop-path masks given (same parameters); a subclass of it (ViT-BN) is not
+    if not isinstance(backbone, ViT) or any(type(b).__name__ != "ViTBlock" for b in backbone.blocks):
         raise UserError(
             f"--format timm|hf: {type(backbone).__name__} is not a plain ViT; export with --format safetensors "
             "(timm and hf exports: the vit_* backbones, LayerScale included; not vit_bn_*, Swin, ResNet or the "

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+import scale.checkpoint.resume
 import scale.config.load
 import scale.loop.train
 from scale.checkpoint.store import CheckpointStore
@@ -19,7 +20,7 @@ TINY = [*STEP_TINY, "engine.kind=ddp"]
 def calls(monkeypatch) -> Counter:
     """Calls of check_resumable and CheckpointStore.candidates, by the module that made them."""
     counted: Counter = Counter()
-    check, candidates = scale.loop.train.check_resumable, CheckpointStore.candidates
+    check, candidates = scale.checkpoint.resume.check_resumable, CheckpointStore.candidates
 
     def counting_check(run, cfg):
         counted["check_resumable"] += 1
@@ -31,20 +32,21 @@ def calls(monkeypatch) -> Counter:
         counted[f"candidates from {sys._getframe(1).f_globals['__name__']}"] += 1
         return candidates(store)
 
-    monkeypatch.setattr(scale.loop.train, "check_resumable", counting_check)
+    monkeypatch.setattr(scale.checkpoint.resume, "check_resumable", counting_check)
     monkeypatch.setattr(CheckpointStore, "candidates", counting_candidates)
     return counted
 
 
 def test_a_fresh_run_and_its_resume_read_the_run_directory_once(calls, tmp_path):
     run = str(tmp_path / "run")
-    resume_listings = {"candidates from scale.checkpoint.checkpointer": 1}  # the resume's own plan
+    # read_start's listing (is the run fresh?) and the resume's own plan, both in scale.checkpoint.resume
+    listings = {"candidates from scale.checkpoint.resume": 2}
     assert main("demo/dino_tiny", [*TINY, "train.max_steps=2"], run_dir=run, synthetic=True) == 0
-    assert dict(calls) == {"check_resumable": 1, f"candidates from {main.__module__}": 1, **resume_listings}
+    assert dict(calls) == {"check_resumable": 1, **listings}
     calls.clear()
     longer = [*TINY, "train.max_steps=3", "train.epochs=200"]  # a NOTED change: allowed, named in the log once
     assert main("demo/dino_tiny", longer, run_dir=run, synthetic=True) == 0
-    assert dict(calls) == {"check_resumable": 1, f"candidates from {main.__module__}": 1, **resume_listings}
+    assert dict(calls) == {"check_resumable": 1, **listings}
     assert [p.name for p in CheckpointStore(tmp_path / "run" / "checkpoints").candidates()][0] == "step_000000003"
     log = (tmp_path / "run" / "logs" / "rank0.log").read_text()
     assert log.count("resuming with a changed setting") == 1 and "train.epochs: 60 -> 200" in log
