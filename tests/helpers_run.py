@@ -4,10 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch.distributed
-
 from scale.launch.local import fresh_environment
-from tests.forked_ranks import launch_forked
 
 # `scale` with its --nproc ranks forked from the launcher (see there)
 FORKED_RANKS = Path(__file__).with_name("forked_ranks.py")
@@ -38,15 +35,21 @@ def run_train(
     timeout: int = 600,  # a guard against a hung run: a loaded 2-core machine took over 300 s for one launch
     fork: bool = True,
 ) -> subprocess.CompletedProcess:
-    """`scale train recipe *overrides --run-dir run_dir --nproc nproc`. `fork`: the launcher forked from this
-    process and its ranks from the launcher (tests/forked_ranks.py), which saves each of them its ~10 CPU s of
-    imports; False for the tests of the launcher and of process start-up, which run the launcher and the ranks as a
-    user's launch does, each a new interpreter."""
+    """`scale train recipe *overrides --run-dir run_dir --nproc nproc`. `fork`: the ranks forked from the launcher
+    (FORKED_RANKS), which saves each rank its ~10 CPU s of imports; False for the tests of the launcher and of
+    process start-up, which run the ranks as a user's launch does, each a new interpreter."""
     env = clean_env(data_root)
     if fault:
         env["SCALE_FAULT"] = fault
-    args = ["train", recipe, *overrides, "--run-dir", str(run_dir), "--nproc", str(nproc)]
-    if fork and not torch.distributed.is_initialized():  # a forked launcher would inherit this process's group
-        return launch_forked(args, env, timeout)
-    cmd = [sys.executable, *([str(FORKED_RANKS)] if fork else ["-m", "scale.cli"]), *args]
+    cmd = [
+        sys.executable,
+        *([str(FORKED_RANKS)] if fork else ["-m", "scale.cli"]),
+        "train",
+        recipe,
+        *overrides,
+        "--run-dir",
+        str(run_dir),
+        "--nproc",
+        str(nproc),
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
