@@ -9,6 +9,7 @@ import importlib.util
 import json
 import logging
 import os
+import random
 import subprocess
 import threading
 import time
@@ -144,6 +145,20 @@ def open_sinks(cfg: DictConfig, root: Path, state: TrackerState, tolerate=None) 
     return sinks
 
 
+@contextmanager
+def python_random_kept():
+    """Python's global `random` stream as it was before the block, whatever the block drew from it (on the
+    calling thread: not thread-safe). The trackers' libraries draw from it (MLflow numbers a new experiment with
+    it), on rank 0 only, and not in every launch alike (only the launch that creates the experiment; the trackers
+    open after the resume restored the RNG); the stream is checkpointed per rank (scale.checkpoint.state), so such
+    a draw left rank 0's saved stream differing from the uninterrupted run's (tools/soak)."""
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
 class Trackers:
     """The loop's one metrics writer: `log(step, record)` on log steps, `close()` at the end; a no-op off rank 0."""
 
@@ -158,7 +173,8 @@ class Trackers:
             branch(self.state, branch_at)
         self.failed: set[str] = set()  # trackers dropped after a failure (warned once each)
         self.sinks: dict = {}  # what a failure while opening drops from (none opened yet)
-        self.sinks = open_sinks(cfg, root, self.state, self._tracker_failure_tolerated)
+        with python_random_kept():
+            self.sinks = open_sinks(cfg, root, self.state, self._tracker_failure_tolerated)
         self.replayed = False
         self.disk_full = False  # warned once
 
@@ -175,9 +191,10 @@ class Trackers:
                 self.replayed = True
             return
         scalars = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        for name, sink in list(self.sinks.items()):
-            with self._tracker_failure_tolerated(name, f"logging step {step}"):
-                sink.log(step, scalars)
+        with python_random_kept():
+            for name, sink in list(self.sinks.items()):
+                with self._tracker_failure_tolerated(name, f"logging step {step}"):
+                    sink.log(step, scalars)
         self.state.last_step = step
         self.state.save()
 
@@ -193,10 +210,11 @@ class Trackers:
             name: threading.Thread(target=self._close, args=(name, sink), daemon=True)
             for name, sink in list(self.sinks.items())
         }
-        for thread in threads.values():
-            thread.start()
-        for thread in threads.values():
-            thread.join(max(deadline - time.monotonic(), 0.0))
+        with python_random_kept():  # kept here, not in each thread: they would put back each other's states
+            for thread in threads.values():
+                thread.start()
+            for thread in threads.values():
+                thread.join(max(deadline - time.monotonic(), 0.0))
         late = [name for name, thread in threads.items() if thread.is_alive()]
         if late:
             log.warning(

@@ -40,12 +40,16 @@ class MlflowSink(Sink):
     package = "mlflow"
 
     def __init__(self, settings, root: Path, run_id: str | None, config: dict):
-        from mlflow import MlflowClient
-        from mlflow.entities import Param, RunStatus
-
         uri = tracking_uri(settings, root)
         if urlparse(uri).scheme in ("", "file"):  # MLflow 3 keeps the file store behind this switch (no SQLAlchemy)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        # MLflow's usage telemetry (read when mlflow is first imported, just below) fetches a config from the
+        # network and then draws from Python's global `random` in a thread of its own, at a time of its own: on
+        # rank 0 only, into the stream each rank checkpoints. Off unless the environment turns it on.
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        from mlflow import MlflowClient
+        from mlflow.entities import Param, RunStatus
+
         self.client = MlflowClient(tracking_uri=uri)
         if run_id is None:
             name = setting(settings.project, "MLFLOW_EXPERIMENT_NAME", settings.default_project)

@@ -6,6 +6,7 @@ attach at the end; a tracker whose package is missing is a ConfigError naming th
 import errno
 import importlib.util
 import json
+import os
 
 import pytest
 from omegaconf import OmegaConf
@@ -266,3 +267,35 @@ def test_closing_trackers_is_bounded_and_names_a_tracker_that_hangs(tmp_path, ca
     assert closed == [True] and not release.is_set()  # returned while the hanging close still waits
     assert "trackers: wandb did not close within" in caplog.text
     release.set()
+
+
+def test_the_trackers_leave_pythons_random_stream_as_it_was(tmp_path, monkeypatch):
+    """The trackers run on rank 0 only, after a resume restored its RNG, and their libraries draw from Python's
+    global `random` (MLflow numbers a new experiment with it): each rank's checkpointed stream must be what the
+    training made of it, or a resumed run's final rng/rank0.pt differs from the uninterrupted run's (tools/soak).
+    MLflow draws only when the uuid4 it numbers an experiment from ends in a 0 digit, 1 time in 10: given one
+    here. Logging and closing likewise, checked with a library that draws at every call."""
+    import random
+    import uuid
+    from types import SimpleNamespace
+
+    import mlflow.utils.name_utils
+
+    import scale.trackers.tensorboard
+
+    zeros = uuid.UUID(int=10**19 + 12345)  # its last 18 digits, MLflow's id, start with zeros: one draw each
+    monkeypatch.setattr(mlflow.utils.name_utils, "uuid", SimpleNamespace(uuid4=lambda: zeros))
+    drawing = scale.trackers.tensorboard.TensorBoardSink
+    for method in ("log", "close"):
+        real = getattr(drawing, method)
+        monkeypatch.setattr(drawing, method, lambda self, *a, real=real: (random.random(), real(self, *a))[1])
+    cfg = load_recipe("demo/dino_tiny", ["train.trackers=[tensorboard,mlflow]"])
+    RunDir(tmp_path).create()
+    random.seed(0)
+    before = random.getstate()
+    trackers = Trackers(cfg, tmp_path, enabled=True)  # a new MLflow experiment: its id drawn from `random`
+    trackers.log(1, {"loss": 1.0})
+    trackers.close(timeout=60)
+    assert random.getstate() == before
+    assert tensorboard_steps(tmp_path) == [1] and mlflow_runs(tmp_path)[1]  # both trackers did their work
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"  # whose thread would draw from it at any time
