@@ -79,6 +79,53 @@ def test_a_requeued_run_appends_to_the_same_tracker_runs_once_per_step(tmp_path)
     assert wandb_attempts(tmp_path)[-1]["artifacts"] == [f"{first['id']}-outputs"]
 
 
+class Killed(BaseException):
+    """A SIGKILL: nothing more of the process runs (no close; what W&B's service had not written is lost)."""
+
+
+@pytest.mark.slow  # W&B starts its service process
+def test_wandb_offline_killed_attempts_resume_one_run_holding_each_step_once(tmp_path, monkeypatch):
+    """The soak's kill -9 faults (tools/soak): a kill right after wandb.init made its run, before trackers.json
+    held the id, made a second W&B run; records still queued in W&B's service when the rank was killed were lost
+    while trackers.json counted them as sent, so they were never sent again."""
+    import wandb
+
+    from scale.trackers.wandb_run import WandbSink
+
+    cfg = recipe(["train.trackers=[wandb]"])
+    RunDir(tmp_path).create()
+    real_init, real_log = wandb.init, WandbSink.log
+
+    def init_then_killed(**kwargs):
+        real_init(**kwargs).finish()  # the run is in its files; the process dies before anything else runs
+        raise Killed
+
+    monkeypatch.setattr(wandb, "init", init_then_killed)
+    with pytest.raises(Killed):
+        Trackers(cfg, tmp_path, enabled=True)
+    monkeypatch.undo()
+
+    trackers = Trackers(cfg, tmp_path, enabled=True)
+    # steps 4..6 still queued in W&B's service when the rank is killed: its file ends at step 3
+    monkeypatch.setattr(WandbSink, "log", lambda self, step, scalars: step <= 3 and real_log(self, step, scalars))
+    for step in range(1, 7):
+        trackers.log(step, {"loss": 1.0 / step})
+    trackers.sinks["wandb"].run.finish()  # what the service had written when the kill came
+    monkeypatch.undo()
+
+    attempt(cfg, tmp_path, range(5, 9))  # resumed from step 4's checkpoint
+
+    attempts = wandb_attempts(tmp_path)
+    assert len(attempts) == 3 and {a["id"] for a in attempts} == {
+        json.loads((tmp_path / "trackers.json").read_text())["ids"]["wandb"]
+    }
+    steps = sorted(s for a in attempts for s in a["history"])
+    assert steps == list(range(1, 9))  # each step once: 4..6 sent again, 5 and 6 not twice
+    assert {s: h["loss"] for a in attempts for s, h in a["history"].items()} == pytest.approx(
+        {s: 1.0 / s for s in range(1, 9)}
+    )
+
+
 def test_an_unknown_or_missing_tracker_is_a_config_error_naming_the_extra(monkeypatch):
     with pytest.raises(ConfigError, match="'neptune' is not one of: tensorboard, wandb, mlflow"):
         check_trackers(load_recipe("demo/dino_tiny", ["train.trackers=[neptune]"]))
