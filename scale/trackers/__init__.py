@@ -182,6 +182,8 @@ class Trackers:
                 self.replayed = True
             return
         for name, sink in list(self.sinks.items()):
+            if sink.held_step is not None and step <= sink.held_step:
+                continue  # written before a kill that came before trackers.json counted it
             with self._tracker_failure_tolerated(name, f"logging step {step}"):
                 sink.log(step, scalars(record))
         self.state.last_step = step
@@ -189,21 +191,19 @@ class Trackers:
 
     def _resend_unwritten(self, metrics: Path) -> None:
         """A tracker that holds fewer steps than trackers.json says were sent (`held_step`: W&B offline after a
-        SIGKILL) gets the missing ones again, from the metrics.jsonl lines first written for them: the values
-        the other trackers received. The steps are sent in order, each once, so a resumed W&B run never goes
-        back below a step it has."""
+        SIGKILL) gets the missing ones again, from the last metrics.jsonl line of each (after a rollback, the
+        current timeline's). The steps are sent in order, each once and before any new one, so a resumed W&B run
+        never goes back below a step it has."""
         behind = {
             name: max(sink.held_step, self.state.since)
             for name, sink in self.sinks.items()
-            if getattr(sink, "held_step", None) is not None and sink.held_step < self.state.last_step
+            if sink.held_step is not None and max(sink.held_step, self.state.since) < self.state.last_step
         }
         if not behind:
             return
-        first: dict[int, dict] = {}
-        for record in read_metrics(metrics):
-            first.setdefault(record["step"], record)
+        last = {record["step"]: record for record in read_metrics(metrics)}
         for name, held in behind.items():
-            steps = [s for s in sorted(first) if held < s <= self.state.last_step]
+            steps = [s for s in sorted(last) if held < s <= self.state.last_step]
             log.warning(
                 "trackers: %s holds steps up to %d of the %d sent before (lost in a kill); sending %d again from "
                 "metrics.jsonl",
@@ -214,7 +214,7 @@ class Trackers:
             )
             for step in steps:
                 with self._tracker_failure_tolerated(name, f"logging step {step} again"):
-                    self.sinks[name].log(step, scalars(first[step]))
+                    self.sinks[name].log(step, scalars(last[step]))
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Close every sink, the trackers' in background threads that the process does not wait for: those not done

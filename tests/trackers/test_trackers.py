@@ -87,7 +87,8 @@ class Killed(BaseException):
 def test_wandb_offline_killed_attempts_resume_one_run_holding_each_step_once(tmp_path, monkeypatch):
     """The soak's kill -9 faults (tools/soak): a kill right after wandb.init made its run, before trackers.json
     held the id, made a second W&B run; records still queued in W&B's service when the rank was killed were lost
-    while trackers.json counted them as sent, so they were never sent again."""
+    while trackers.json counted them as sent, so they were never sent again; a kill after W&B wrote a step and
+    before trackers.json counted it would send that step twice."""
     import wandb
 
     from scale.trackers.wandb_run import WandbSink
@@ -113,16 +114,31 @@ def test_wandb_offline_killed_attempts_resume_one_run_holding_each_step_once(tmp
     trackers.sinks["wandb"].run.finish()  # what the service had written when the kill came
     monkeypatch.undo()
 
-    attempt(cfg, tmp_path, range(5, 9))  # resumed from step 4's checkpoint
+    trackers = Trackers(cfg, tmp_path, enabled=True)  # resumed from step 4's checkpoint
+    save = trackers.state.save
+
+    def save_unless_killed():
+        if trackers.state.last_step == 8:
+            raise Killed  # W&B has written step 8; trackers.json still says 7
+        save()
+
+    monkeypatch.setattr(trackers.state, "save", save_unless_killed)
+    with pytest.raises(Killed):
+        for step in range(5, 9):
+            trackers.log(step, {"loss": 1.0 / step})
+    trackers.sinks["wandb"].run.finish()
+    monkeypatch.undo()
+
+    attempt(cfg, tmp_path, [8, 9])  # resumed from step 7's checkpoint
 
     attempts = wandb_attempts(tmp_path)
-    assert len(attempts) == 3 and {a["id"] for a in attempts} == {
+    assert len(attempts) == 4 and {a["id"] for a in attempts} == {
         json.loads((tmp_path / "trackers.json").read_text())["ids"]["wandb"]
     }
     steps = sorted(s for a in attempts for s in a["history"])
-    assert steps == list(range(1, 9))  # each step once: 4..6 sent again, 5 and 6 not twice
+    assert steps == list(range(1, 10))  # each step once: 4..6 sent again, 5, 6 and 8 not twice
     assert {s: h["loss"] for a in attempts for s, h in a["history"].items()} == pytest.approx(
-        {s: 1.0 / s for s in range(1, 9)}
+        {s: 1.0 / s for s in range(1, 10)}
     )
 
 
