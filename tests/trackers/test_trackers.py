@@ -16,6 +16,7 @@ from scale.config import load_recipe
 from scale.errors import PREEMPTED_EXIT_CODE, ConfigError
 from scale.loop.rundir import RunDir
 from scale.trackers import Trackers, attach_artifacts, check_trackers
+from scale.trackers.sink import Sink
 from tests.helpers_run import TINY, run_train
 from tests.trackers.readback import mlflow_runs, wandb_attempts
 
@@ -140,6 +141,46 @@ def test_wandb_offline_killed_attempts_resume_one_run_holding_each_step_once(tmp
     assert {s: h["loss"] for a in attempts for s, h in a["history"].items()} == pytest.approx(
         {s: 1.0 / s for s in range(1, 10)}
     )
+
+
+class MemorySink(Sink):
+    """A tracker whose runs are in memory (`runs[id]`: {step: loss}); what a kill lost is deleted from them."""
+
+    runs: dict = {}
+
+    def __init__(self, settings, root, run_id, config):
+        self.run_id, self.steps = run_id, MemorySink.runs.setdefault(run_id, {})
+        self.held_step = max(self.steps, default=0)
+
+    @staticmethod
+    def new_id() -> str:
+        return f"run{len(MemorySink.runs)}"
+
+    def log(self, step, scalars):
+        assert step not in self.steps, f"step {step} sent twice"
+        self.steps[step] = scalars["loss"]
+
+    def close(self):
+        pass
+
+
+def test_steps_a_killed_tracker_lost_after_a_rollback_are_sent_again_from_the_new_timeline(tmp_path, monkeypatch):
+    """Rolled back to step 2 after step 5, the new tracker run got steps 3 and 4, then the kill lost both: the
+    resumed attempt sends them again with the new timeline's values (metrics.jsonl's last lines for them, not the
+    first timeline's), and nothing from before the rollback."""
+    from scale import trackers as module
+
+    monkeypatch.setitem(module.SINKS, "memory", f"{__name__}:MemorySink")
+    monkeypatch.setattr(MemorySink, "runs", {})
+    cfg = recipe(["train.trackers=[memory]"])
+    RunDir(tmp_path).create()
+    attempt(cfg, tmp_path, [1, 2, 3, 4, 5])
+    trackers = Trackers(cfg, tmp_path, enabled=True, branch_at=2)
+    for step in (3, 4):
+        trackers.log(step, {"loss": 10.0 * step})
+    MemorySink.runs["run1"].clear()  # killed before the tracker wrote them
+    Trackers(cfg, tmp_path, enabled=True)
+    assert MemorySink.runs == {"run0": {s: 1 / s for s in range(1, 6)}, "run1": {3: 30.0, 4: 40.0}}
 
 
 def test_an_unknown_or_missing_tracker_is_a_config_error_naming_the_extra(monkeypatch):
