@@ -222,8 +222,9 @@ STEERING = {
     "loaded_step": Optional(Integer),
     "set_aside": Optional((str, NONE)),
 }
-# <run>/trackers.json (scale.trackers): each tracker's run id, the last step the trackers received
-TRACKERS = {"ids": MapOf(str), "last_step": Integer}
+# <run>/trackers.json (scale.trackers): each tracker's run id, the last step the trackers received and the step
+# the current tracker runs began from (a rollback's; absent in older files: 0)
+TRACKERS = {"ids": MapOf(str), "last_step": Integer, "since": Optional(Integer)}
 # <run>/heartbeat.json (scale.watch.heartbeat): rank 0's step and phase, rewritten every few seconds
 HEARTBEAT = {
     "step": Integer,

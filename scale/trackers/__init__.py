@@ -2,7 +2,8 @@
 `train.trackers` (TensorBoard, Weights & Biases, MLflow) behind one interface (scale.trackers.sink), on rank 0
 only. Each tracker's run id is kept in <run>/trackers.json with the last step it received, so that a requeued job
 appends to the same tracker run and a step logged before a crash and logged again after the resume (from an
-older checkpoint) is sent once. docs/how-to/trackers.md."""
+older checkpoint) is sent once; the steps a killed attempt sent but its tracker never wrote (W&B offline: records
+still queued in its service) are sent again from metrics.jsonl. docs/how-to/trackers.md."""
 
 import importlib
 import importlib.util
@@ -102,7 +103,8 @@ def tracker_settings(cfg: DictConfig) -> DictConfig:
 
 
 class TrackerState:
-    """<run>/trackers.json: {"ids": {tracker: run id}, "last_step": the last step the trackers received}."""
+    """<run>/trackers.json: {"ids": {tracker: run id}, "last_step": the last step the trackers received, "since":
+    the step the current tracker runs began from (a rollback's, else 0)}."""
 
     def __init__(self, root: Path):
         self.path = root / STATE_FILE
@@ -114,9 +116,10 @@ class TrackerState:
             ) from None
         self.ids: dict[str, str] = saved["ids"]
         self.last_step: int = saved["last_step"]
+        self.since: int = saved.get("since", 0)
 
     def save(self) -> None:
-        write_atomic(self.path, json.dumps({"ids": self.ids, "last_step": self.last_step}))
+        write_atomic(self.path, json.dumps({"ids": self.ids, "last_step": self.last_step, "since": self.since}))
 
 
 def branch(state: TrackerState, step: int) -> None:
@@ -128,7 +131,7 @@ def branch(state: TrackerState, step: int) -> None:
         ", ".join(f"{name} {run_id}" for name, run_id in state.ids.items()) or "none",
         state.last_step,
     )
-    state.ids, state.last_step = {}, step
+    state.ids, state.last_step, state.since = {}, step, step
 
 
 def open_sinks(cfg: DictConfig, root: Path, state: TrackerState, tolerate=None) -> dict:
@@ -138,6 +141,9 @@ def open_sinks(cfg: DictConfig, root: Path, state: TrackerState, tolerate=None) 
     sinks = {}
     for name in cfg.train.trackers:
         with tolerate(name, "opening its run") if tolerate else nullcontext():
+            if name not in state.ids and (run_id := sink_class(name).new_id()) is not None:
+                state.ids[name] = run_id  # saved before the run exists: a kill in between cannot make a second
+                state.save()
             sinks[name] = sink_class(name)(settings, root, state.ids.get(name), config)
             if sinks[name].run_id is not None:
                 state.ids[name] = sinks[name].run_id
@@ -177,6 +183,8 @@ class Trackers:
             self.sinks = open_sinks(cfg, root, self.state, self._tracker_failure_tolerated)
         self.replayed = False
         self.disk_full = False  # warned once
+        with python_random_kept():
+            self._resend_unwritten(root / "metrics.jsonl")
 
     def log(self, step: int, record: dict) -> None:
         if self.enabled:
@@ -190,13 +198,41 @@ class Trackers:
                 log.info("trackers: steps up to %d were sent before this resume; not sent again", self.state.last_step)
                 self.replayed = True
             return
-        scalars = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         with python_random_kept():
             for name, sink in list(self.sinks.items()):
+                if sink.held_step is not None and step <= sink.held_step:
+                    continue  # written before a kill that came before trackers.json counted it
                 with self._tracker_failure_tolerated(name, f"logging step {step}"):
-                    sink.log(step, scalars)
+                    sink.log(step, scalars(record))
         self.state.last_step = step
         self.state.save()
+
+    def _resend_unwritten(self, metrics: Path) -> None:
+        """A tracker that holds fewer steps than trackers.json says were sent (`held_step`: W&B offline after a
+        SIGKILL) gets the missing ones again, from the last metrics.jsonl line of each (after a rollback, the
+        current timeline's). The steps are sent in order, each once and before any new one, so a resumed W&B run
+        never goes back below a step it has."""
+        behind = {
+            name: max(sink.held_step, self.state.since)
+            for name, sink in self.sinks.items()
+            if sink.held_step is not None and max(sink.held_step, self.state.since) < self.state.last_step
+        }
+        if not behind:
+            return
+        last = {record["step"]: record for record in read_metrics(metrics)}
+        for name, held in behind.items():
+            steps = [s for s in sorted(last) if held < s <= self.state.last_step]
+            log.warning(
+                "trackers: %s holds steps up to %d of the %d sent before (lost in a kill); sending %d again from "
+                "metrics.jsonl",
+                name,
+                held,
+                self.state.last_step,
+                len(steps),
+            )
+            for step in steps:
+                with self._tracker_failure_tolerated(name, f"logging step {step} again"):
+                    self.sinks[name].log(step, scalars(last[step]))
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Close every sink, the trackers' in background threads that the process does not wait for: those not done
@@ -259,6 +295,28 @@ class Trackers:
             if not self.disk_full:
                 log.warning("trackers: %s not written (%s); the next checkpoint checks the free space", what, err)
             self.disk_full = True
+
+
+def scalars(record: dict) -> dict[str, float]:
+    """What the trackers get of a metrics record: its numbers (not flags, texts, the step or the time)."""
+    return {
+        k: float(v)
+        for k, v in record.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time")
+    }
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """metrics.jsonl's records; a line a kill cut short is skipped."""
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records
 
 
 def attach_artifacts(root: Path, paths: list[Path]) -> None:

@@ -10,6 +10,14 @@ class Sink:
 
     package = ""  # what is imported: a missing one is a ConfigError naming the `trackers` extra
     run_id: str | None = None  # saved in <run>/trackers.json and passed back on resume
+    # the last step the tracker's own files hold of its run, read back on opening (None: trusted to hold every
+    # step trackers.json says was sent); fewer: the missing steps are sent again from metrics.jsonl
+    held_step: int | None = None
+
+    @staticmethod
+    def new_id() -> str | None:
+        """A run id chosen before the run is created (None: the tracker assigns it when creating the run)."""
+        return None
 
     @staticmethod
     def stores(settings, root: Path) -> list[Path]:

@@ -3,31 +3,9 @@ run-*.wandb, a LevelDB-style log of protobuf records) and MLflow's file store (<
 
 import json
 import os
-import struct
 from pathlib import Path
 
-BLOCK, HEADER = 32768, 7  # W&B's log: 32 KiB blocks of records, each with a 7-byte header (crc, length, type)
-FULL, FIRST, LAST = 1, 2, 4
-
-
-def wandb_records(path: Path):
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
-    pos, chunks = HEADER, b""
-    while pos + HEADER <= len(data):
-        if BLOCK - pos % BLOCK < HEADER:  # a block's tail too short for a header is padding
-            pos += BLOCK - pos % BLOCK
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
-        payload = data[pos + HEADER : pos + HEADER + length]
-        pos += HEADER + length
-        chunks = payload if kind in (FULL, FIRST) else chunks + payload
-        if kind in (FULL, LAST):
-            record = pb.Record()
-            record.ParseFromString(chunks)
-            yield record
+from scale.trackers.wandb_run import records as wandb_records
 
 
 def wandb_attempts(root: Path) -> list[dict]:

@@ -17,6 +17,7 @@ from scale.config import load_recipe
 from scale.errors import PREEMPTED_EXIT_CODE, ConfigError
 from scale.loop.rundir import RunDir
 from scale.trackers import Trackers, attach_artifacts, check_trackers
+from scale.trackers.sink import Sink
 from tests.helpers_run import TINY, run_train
 from tests.trackers.readback import mlflow_runs, wandb_attempts
 
@@ -78,6 +79,109 @@ def test_a_requeued_run_appends_to_the_same_tracker_runs_once_per_step(tmp_path)
     assert [a.path for a in client.list_artifacts(runs[0].info.run_id, "report")] == ["report/report.md"]
     assert wandb_attempts(tmp_path)[-1]["id"] == first["id"]
     assert wandb_attempts(tmp_path)[-1]["artifacts"] == [f"{first['id']}-outputs"]
+
+
+class Killed(BaseException):
+    """A SIGKILL: nothing more of the process runs (no close; what W&B's service had not written is lost)."""
+
+
+@pytest.mark.slow  # W&B starts its service process
+def test_wandb_offline_killed_attempts_resume_one_run_holding_each_step_once(tmp_path, monkeypatch):
+    """The soak's kill -9 faults (tools/soak): a kill right after wandb.init made its run, before trackers.json
+    held the id, made a second W&B run; records still queued in W&B's service when the rank was killed were lost
+    while trackers.json counted them as sent, so they were never sent again; a kill after W&B wrote a step and
+    before trackers.json counted it would send that step twice."""
+    import wandb
+
+    from scale.trackers.wandb_run import WandbSink
+
+    cfg = recipe(["train.trackers=[wandb]"])
+    RunDir(tmp_path).create()
+    real_init, real_log = wandb.init, WandbSink.log
+
+    def init_then_killed(**kwargs):
+        real_init(**kwargs).finish()  # the run is in its files; the process dies before anything else runs
+        raise Killed
+
+    monkeypatch.setattr(wandb, "init", init_then_killed)
+    with pytest.raises(Killed):
+        Trackers(cfg, tmp_path, enabled=True)
+    monkeypatch.undo()
+
+    trackers = Trackers(cfg, tmp_path, enabled=True)
+    # steps 4..6 still queued in W&B's service when the rank is killed: its file ends at step 3
+    monkeypatch.setattr(WandbSink, "log", lambda self, step, scalars: step <= 3 and real_log(self, step, scalars))
+    for step in range(1, 7):
+        trackers.log(step, {"loss": 1.0 / step})
+    trackers.sinks["wandb"].run.finish()  # what the service had written when the kill came
+    monkeypatch.undo()
+
+    trackers = Trackers(cfg, tmp_path, enabled=True)  # resumed from step 4's checkpoint
+    save = trackers.state.save
+
+    def save_unless_killed():
+        if trackers.state.last_step == 8:
+            raise Killed  # W&B has written step 8; trackers.json still says 7
+        save()
+
+    monkeypatch.setattr(trackers.state, "save", save_unless_killed)
+    with pytest.raises(Killed):
+        for step in range(5, 9):
+            trackers.log(step, {"loss": 1.0 / step})
+    trackers.sinks["wandb"].run.finish()
+    monkeypatch.undo()
+
+    attempt(cfg, tmp_path, [8, 9])  # resumed from step 7's checkpoint
+
+    attempts = wandb_attempts(tmp_path)
+    assert len(attempts) == 4 and {a["id"] for a in attempts} == {
+        json.loads((tmp_path / "trackers.json").read_text())["ids"]["wandb"]
+    }
+    steps = sorted(s for a in attempts for s in a["history"])
+    assert steps == list(range(1, 10))  # each step once: 4..6 sent again, 5, 6 and 8 not twice
+    assert {s: h["loss"] for a in attempts for s, h in a["history"].items()} == pytest.approx(
+        {s: 1.0 / s for s in range(1, 10)}
+    )
+
+
+class MemorySink(Sink):
+    """A tracker whose runs are in memory (`runs[id]`: {step: loss}); what a kill lost is deleted from them."""
+
+    runs: dict = {}
+
+    def __init__(self, settings, root, run_id, config):
+        self.run_id, self.steps = run_id, MemorySink.runs.setdefault(run_id, {})
+        self.held_step = max(self.steps, default=0)
+
+    @staticmethod
+    def new_id() -> str:
+        return f"run{len(MemorySink.runs)}"
+
+    def log(self, step, scalars):
+        assert step not in self.steps, f"step {step} sent twice"
+        self.steps[step] = scalars["loss"]
+
+    def close(self):
+        pass
+
+
+def test_steps_a_killed_tracker_lost_after_a_rollback_are_sent_again_from_the_new_timeline(tmp_path, monkeypatch):
+    """Rolled back to step 2 after step 5, the new tracker run got steps 3 and 4, then the kill lost both: the
+    resumed attempt sends them again with the new timeline's values (metrics.jsonl's last lines for them, not the
+    first timeline's), and nothing from before the rollback."""
+    from scale import trackers as module
+
+    monkeypatch.setitem(module.SINKS, "memory", f"{__name__}:MemorySink")
+    monkeypatch.setattr(MemorySink, "runs", {})
+    cfg = recipe(["train.trackers=[memory]"])
+    RunDir(tmp_path).create()
+    attempt(cfg, tmp_path, [1, 2, 3, 4, 5])
+    trackers = Trackers(cfg, tmp_path, enabled=True, branch_at=2)
+    for step in (3, 4):
+        trackers.log(step, {"loss": 10.0 * step})
+    MemorySink.runs["run1"].clear()  # killed before the tracker wrote them
+    Trackers(cfg, tmp_path, enabled=True)
+    assert MemorySink.runs == {"run0": {s: 1 / s for s in range(1, 6)}, "run1": {3: 30.0, 4: 40.0}}
 
 
 def test_an_unknown_or_missing_tracker_is_a_config_error_naming_the_extra(monkeypatch):
