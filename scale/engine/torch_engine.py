@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -19,7 +20,7 @@ from scale.engine.base import Engine
 from scale.engine.clip import clip_gradients
 from scale.engine.ema import ema_pairs, ema_update
 from scale.engine.guard import FiniteGuard, guarded_step
-from scale.engine.lowp import LowPrecisionTeacher
+from scale.engine.lowp import LowPrecisionStudent, LowPrecisionTeacher
 from scale.engine.materialize import is_meta
 from scale.engine.parallel import ParallelContext
 from scale.engine.parallelize import parallelize
@@ -37,6 +38,11 @@ def broadcast_module(module: nn.Module, group: dist.ProcessGroup | None) -> None
                 dist.broadcast(t.data, group=group, group_src=0)
 
 
+def unwrapped(module: nn.Module) -> nn.Module:
+    """The net inside a DDP wrapper."""
+    return module.module if isinstance(module, DistributedDataParallel) else module
+
+
 def model_bytes(module: nn.Module | None) -> int:
     return sum(nbytes(p) for p in module.parameters()) if module is not None else 0
 
@@ -48,9 +54,9 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
 class TorchEngine(Engine):
     kind = ""
     sharded = False  # parameters are DTensor shards (FSDP2)
-    # the teacher's forward reads weights kept in the autocast dtype (scale.engine.lowp): where nothing else casts
-    # them once per forward (FSDP2's mixed-precision policy does)
-    lowp_teacher_weights = False
+    # the student's and the teacher's forwards read weights kept in the autocast dtype (scale.engine.lowp): where
+    # nothing else casts them once per forward (FSDP2's mixed-precision policy does)
+    lowp_weights = False
 
     def __init__(self, engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device):
         self.cfg, self.optim_cfg, self.dist_info, self.device = engine_cfg, optim_cfg, dist_info, device
@@ -84,8 +90,13 @@ class TorchEngine(Engine):
                 broadcast_module(module, self.dist_info.dp_group)
         parallelize(method, self.cfg, self.precision, self.dist_info, lambda: self.wrap(method, meta))
         self._held = None
-        if self.lowp_teacher_weights and self.precision.mixed and method.teacher is not None and not self.cfg.compile:
-            self.lowp_teacher = LowPrecisionTeacher(method.teacher, self.precision.dtype)
+        if self.lowp_weights and self.precision.mixed and not self.cfg.compile:
+            if method.teacher is not None:
+                self.lowp_teacher = LowPrecisionTeacher(method.teacher, self.precision.dtype)
+            # not with find_unused_parameters: DDP's search of the graph would reach every weight of a block through
+            # its one fused cast, count them all as used, and wait for a gradient that an unused one never gets
+            if not self.cfg.find_unused_parameters:
+                LowPrecisionStudent(unwrapped(method.student), self.precision.dtype)
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         self.optimizer = build_optimizer(groups, self.optim_cfg, self.device, sharded=self.sharded, fused=True)
         init_state(self.optimizer)
