@@ -14,7 +14,6 @@ from scale.engine.activation_checkpointing import apply_activation_checkpointing
 from scale.engine.clip import clip_gradients
 from scale.engine.config import EngineConfig
 from scale.engine.factory import build_engine
-from scale.engine.lowp import LowPrecisionTeacher
 from scale.engine.materialize import materialize
 from scale.engine.parallel import ParallelContext
 from scale.engine.params import clean_name
@@ -323,29 +322,3 @@ def test_selective_checkpointing_recomputes_the_widening_matmuls_of_a_vit_block(
     assert set(recomputed["full"]) == {64, 192, 256}  # full checkpointing runs the narrow ones again too
     for name, grad in grads["none"].items():
         torch.testing.assert_close(grads["selective"][name], grad, rtol=0, atol=1e-6, msg=name)
-
-
-def test_lowp_teacher_gives_autocasts_outputs_and_follows_the_fp32_weights():
-    """The teacher's forward on weights held in bf16 equals autocast's on the fp32 weights, bit for bit, and sees
-    an update of the fp32 weights once refreshed; the fp32 module stays the teacher's parameters and buffers."""
-    torch.manual_seed(0)
-    teacher = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.BatchNorm1d(16), nn.Linear(16, 4))
-    teacher.requires_grad_(False)
-    x = torch.randn(5, 8)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        expected = teacher(x)
-    lowp = LowPrecisionTeacher(teacher, torch.bfloat16)
-    assert lowp.shadow[0].weight.dtype == torch.bfloat16 and teacher[0].weight.dtype == torch.float32
-    assert lowp.shadow[1].weight is teacher[1].weight and lowp.shadow[2].running_mean is teacher[2].running_mean
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert torch.equal(teacher(x), expected)
-    with torch.no_grad():
-        teacher[0].weight.mul_(2.0)  # as the EMA writes the fp32 teacher
-    lowp.refresh()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        changed = teacher(x)
-        teacher.eval()  # the shadow follows the teacher's mode
-        evaluated = teacher(x)
-    assert not torch.equal(changed, expected)
-    assert not lowp.shadow.training and not torch.equal(evaluated, changed)
-    assert all(v.dtype != torch.bfloat16 for v in teacher.state_dict().values())  # checkpoints keep fp32
