@@ -8,10 +8,11 @@ shadow of it whose Linear and Conv weights and biases are tensors in the lower d
 buffers are the net's own tensors. The fp32 net stays what the optimizer, the EMA, checkpoints and exports see.
 
 - Teacher: the shadow's weights are refreshed from the fp32 teacher by one fused copy after each EMA update.
-- Student: each forward copies the fp32 weights into the shadow's with one fused copy per block of the net (a
-  module path up to its last list index: `backbone.blocks.3`), an autograd function whose backward casts the
-  block's gradients back to fp32 in one fused copy. Per block, not one copy for the whole net: a block's fp32
-  gradients then arrive as its backward ends, so that DDP still all-reduces its buckets while the backward runs.
+- Student: the first forward in each of the engine's autocast regions copies the fp32 weights into the shadow's
+  with one fused copy per block of the net (a module path up to its last list index: `backbone.blocks.3`), an
+  autograd function whose backward casts the block's gradients back to fp32 in one fused copy. Per block, not one
+  copy for the whole net: a block's fp32 gradients then arrive as its backward ends, so that DDP still all-reduces
+  its buckets while the backward runs.
 
 The values are bit-identical to autocast's: the copy rounds as autocast's cast does, and the gradient of a weight
 used by several passes (DINO's global and local crops) is summed in the lower dtype before its cast, as autocast's
@@ -19,6 +20,7 @@ cached cast has it. Under FSDP2 the mixed-precision policy casts the gathered we
 compiled blocks fuse their casts: neither uses this.
 """
 
+import contextlib
 import copy
 
 import torch
@@ -105,10 +107,14 @@ def block_of(module_name: str) -> str:
 
 
 class LowPrecisionStudent(Shadowed):
-    """The student's trainable Linear and Conv weights in `dtype`, copied from the fp32 weights at each forward
-    (one FusedCast per block). Frozen ones are left to autocast (they need no gradient path). Each forward
-    overwrites the low-precision tensors, so a method calls the student once per backward (the Method contract);
-    a second call before the backward would make autograd refuse that backward (the tensors it saved changed)."""
+    """The student's trainable Linear and Conv weights in `dtype`, copied from the fp32 weights by one FusedCast per
+    block. Frozen ones are left to autocast (they need no gradient path).
+
+    As autocast's own cache, the cast is made once per autocast region of the engine (`region()`: a micro-batch's
+    forward, a validation batch) and reused by every forward in it, so a method may call the student once per crop
+    resolution: the passes share the cast, and their gradients meet in it. Each region casts again, so the weights
+    an optimizer step, an EMA or a checkpoint load wrote are always the ones used; a forward outside any region
+    casts on every call."""
 
     def __init__(self, student: nn.Module, dtype: torch.dtype):
         named = [(name, p) for name, p in cast_parameters(student) if p.requires_grad]
@@ -119,7 +125,25 @@ class LowPrecisionStudent(Shadowed):
         for i, (name, _) in enumerate(named):
             blocks.setdefault(block_of(name), []).append(i)
         self.blocks = [([lowp[i] for i in idx], [masters[i] for i in idx]) for idx in blocks.values()]
+        self.depth = 0  # nesting of regions: only the outermost starts a new cast, as autocast clears its cache
+        self.cast_with_grad: bool | None = None  # this region's cast: None (not made yet), with autograd history
+
+    @contextlib.contextmanager
+    def region(self):
+        if self.depth == 0:
+            self.cast_with_grad = None
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
 
     def cast(self) -> None:
+        grad = torch.is_grad_enabled()
+        # reuse this region's cast, unless it was made without gradients and this forward needs them (a recast
+        # then overwrites tensors no graph holds)
+        if self.depth and self.cast_with_grad is not None and (self.cast_with_grad or not grad):
+            return
         for lowp, masters in self.blocks:
             FusedCast.apply(lowp, *masters)
+        self.cast_with_grad = grad

@@ -2,6 +2,7 @@
 clipping across shards, frozen parameters, the shard-local EMA, memory accounting and DCP checkpoint state."""
 
 import abc
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -66,6 +67,7 @@ class TorchEngine(Engine):
         self.micro_step = 0
         self._held: tuple | None = None  # (student parameters, EMA pairs), built at the first step
         self.lowp_teacher: LowPrecisionTeacher | None = None
+        self.lowp_student: LowPrecisionStudent | None = None
 
     # --- what DDP and FSDP2 do differently
     @abc.abstractmethod
@@ -96,7 +98,7 @@ class TorchEngine(Engine):
             # not with find_unused_parameters: DDP's search of the graph would reach every weight of a block through
             # its one fused cast, count them all as used, and wait for a gradient that an unused one never gets
             if not self.cfg.find_unused_parameters:
-                LowPrecisionStudent(unwrapped(method.student), self.precision.dtype)
+                self.lowp_student = LowPrecisionStudent(unwrapped(method.student), self.precision.dtype)
         groups = param_groups(named_parameters(method.student), self.optim_cfg)
         self.optimizer = build_optimizer(groups, self.optim_cfg, self.device, sharded=self.sharded, fused=True)
         init_state(self.optimizer)
@@ -108,8 +110,12 @@ class TorchEngine(Engine):
     def modules(self) -> list[nn.Module]:
         return [m for m in (self.method.student, self.method.teacher) if m is not None]
 
+    @contextlib.contextmanager
     def autocast(self):
-        return self.precision.autocast()
+        # the student's low-precision weights are cast once per region, as autocast's cache keeps its own casts
+        student = self.lowp_student.region() if self.lowp_student is not None else contextlib.nullcontext()
+        with self.precision.autocast(), student:
+            yield
 
     def backward(self, loss: torch.Tensor) -> None:
         with self.micro_batch():

@@ -1,8 +1,10 @@
 """scale.engine.lowp: the teacher's and the student's Linear and Conv weights held in the autocast dtype give
 autocast's outputs and gradients bit for bit, and follow every change of the fp32 weights."""
 
+import contextlib
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -33,9 +35,11 @@ class TwoPassNet(nn.Module):
         return self.head(torch.cat(pooled))
 
 
-def loss_and_grads(net: nn.Module, crops: list[torch.Tensor]) -> tuple[torch.Tensor, dict]:
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = net(crops).float().pow(2).mean()
+def loss_and_grads(net: nn.Module, crops: list[torch.Tensor], region, per_crop: bool) -> tuple[torch.Tensor, dict]:
+    """A step's loss and gradients; `per_crop`: the method calls the net once per crop resolution (in one region)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16), region():
+        out = torch.cat([net([x]) for x in crops]) if per_crop else net(crops)
+        loss = out.float().pow(2).mean()
     loss.backward()
     grads = {n: p.grad for n, p in net.named_parameters()}
     return loss.detach(), grads
@@ -48,11 +52,14 @@ def test_block_of_is_the_module_path_up_to_its_last_list_index():
     assert block_of("backbone.patch_embed.proj") == "backbone.patch_embed.proj"
 
 
-def test_lowp_student_gives_autocasts_loss_and_gradients_and_uses_each_steps_weights():
+@pytest.mark.parametrize("per_crop", [False, True])
+def test_lowp_student_gives_autocasts_loss_and_gradients_and_uses_each_steps_weights(per_crop):
     """Two optimizer steps of the student with its weights cast by fused copies and of a copy left to autocast:
     the same losses and gradients bit for bit (the copy rounds as autocast's cast; a weight's gradients from the
     two passes are summed in bf16 before the cast back, as under autocast's cached cast), so the second step's
-    forward read the weights the first step's update wrote (a stale bf16 copy would differ)."""
+    forward read the weights the first step's update wrote (a stale bf16 copy would differ). Called once per crop
+    resolution, the calls of a region share its cast (a second copy would change what the first call's graph
+    saved: autograd would refuse the backward)."""
     torch.manual_seed(0)
     student = TwoPassNet()
     reference = copy.deepcopy(student)
@@ -65,8 +72,8 @@ def test_lowp_student_gives_autocasts_loss_and_gradients_and_uses_each_steps_wei
     optimizers = [torch.optim.SGD(net.parameters(), lr=0.5) for net in (student, reference)]
     for _ in range(2):
         crops = [torch.randn(2, 3, 8), torch.randn(6, 3, 4)]
-        loss, grads = loss_and_grads(student, crops)
-        expected_loss, expected = loss_and_grads(reference, crops)
+        loss, grads = loss_and_grads(student, crops, lowp.region, per_crop)
+        expected_loss, expected = loss_and_grads(reference, crops, contextlib.nullcontext, per_crop)
         assert torch.equal(loss, expected_loss)
         assert grads.keys() == expected.keys()
         for name, grad in expected.items():
