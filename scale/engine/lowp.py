@@ -113,8 +113,9 @@ class LowPrecisionStudent(Shadowed):
     As autocast's own cache, the cast is made once per autocast region of the engine (`region()`: a micro-batch's
     forward, a validation batch) and reused by every forward in it, so a method may call the student once per crop
     resolution: the passes share the cast, and their gradients meet in it. Each region casts again, so the weights
-    an optimizer step, an EMA or a checkpoint load wrote are always the ones used; a forward outside any region
-    casts on every call."""
+    an optimizer step, an EMA or a checkpoint load wrote are always the ones used. A forward outside any region
+    casts on every call (two such calls before one backward: autograd refuses it, as the first one's saved weights
+    were overwritten)."""
 
     def __init__(self, student: nn.Module, dtype: torch.dtype):
         named = [(name, p) for name, p in cast_parameters(student) if p.requires_grad]
