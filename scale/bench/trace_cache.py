@@ -14,13 +14,13 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from scale.bench.steptrace import BlockCall, StepTrace, trace_config
+from scale.nofollow import write_atomic
 
 FORMAT = 1  # bump when StepTrace's fields change meaning (a changed source file misses anyway)
 TRACED_SECTIONS = ("data", "model", "method", "optim", "engine", "train")
@@ -90,16 +90,11 @@ def write(key: str, trace: StepTrace) -> None:
     (another `scale submit` at the same moment) sees the old entry or the new one, never half of one."""
     folder = cache_dir()
     entry = {"format": FORMAT, "key": key, "trace": dataclasses.asdict(trace)}
-    tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        with os.fdopen(handle, "w") as out:
-            json.dump(entry, out)
-        os.replace(tmp, folder / f"{key}.json")
-    except OSError:  # a read-only or full cache: the trace is used, not kept
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        write_atomic(folder / f"{key}.json", json.dumps(entry), concurrent=True)
+    except OSError:  # a read-only or full cache (or a link planted there): the trace is used, not kept
+        pass
 
 
 def cached_trace(cfg) -> tuple[StepTrace, bool]:
