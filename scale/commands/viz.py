@@ -83,12 +83,12 @@ def load_backbones(args) -> tuple[object, dict]:
 
 def cmd_attention(args) -> int:
     from scale.errors import UserError
-    from scale.eval import voc
+    from scale.eval.images import patch_size, read_rgb, to_input
     from scale.evaluate import result_path
     from scale.loop.rundir import write_json
+    from scale.viz import voc
     from scale.viz.attention import check_keep, check_vit
     from scale.viz.figures import attention_picture
-    from scale.viz.images import patch_size, read_rgb, to_input
 
     check_keep(args.threshold)
     samples = voc.read_voc(args.voc, args.split, args.max_images) if args.voc else []
@@ -127,8 +127,8 @@ def cmd_attention(args) -> int:
 
 
 def cmd_correspondence(args) -> int:
-    from scale.eval.correspondence_picture import correspondence_picture
-    from scale.viz.images import patch_size, read_rgb, to_input
+    from scale.eval.images import patch_size, read_rgb, to_input
+    from scale.viz.correspondence_picture import correspondence_picture
 
     cfg, backbones = load_backbones(args)
     mean, std = list(cfg.data.views.mean), list(cfg.data.views.std)
