@@ -98,7 +98,7 @@ def read(key: str) -> StepTrace | None:
 
 def write(key: str, trace: StepTrace) -> None:
     """Keep `trace` under `key`: a temporary file in the cache directory renamed over the entry, so that a reader
-    (another `scale submit` at the same moment) sees the old entry or the new one, never half of one."""
+    (another `scale submit` at the same moment) sees the old entry or the new one, never half of one; then prune."""
     path = entry_path(key)
     entry = {"format": FORMAT, "key": key, "trace": dataclasses.asdict(trace)}
     try:
