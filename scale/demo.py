@@ -161,9 +161,9 @@ def attention_pictures(recipe: str, overrides: list[str], weights: str, out: Pat
 
     from scale.checkpoint.weights import load_backbone
     from scale.data.embedded import source
+    from scale.eval.images import patch_size, to_input
     from scale.models.vit import ViT
     from scale.viz.figures import attention_picture
-    from scale.viz.images import patch_size, to_input
 
     cfg = load_recipe(recipe, overrides)
     torch.manual_seed(cfg.train.seed)

@@ -24,7 +24,7 @@ PACKAGE = Path(scale.__file__).parent
 EXTRA_MODULES = {
     "scale.report": "viz",
     "scale.viz.figures": "viz",
-    "scale.eval.correspondence_picture": "viz",
+    "scale.viz.correspondence_picture": "viz",
     "scale.eval.davis_metrics": "eval",
     "scale.eval.video_segmentation": "eval",  # scores with davis_metrics
     "scale.demo": "viz",  # `scale demo` asks for the whole demo extra before importing it

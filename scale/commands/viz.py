@@ -1,7 +1,7 @@
-"""scale viz attention|correspondence RECIPE [overrides] --weights [LABEL=]FILE ... [--random-init]"""
+"""scale viz attention|correspondence RECIPE [overrides] --weights [LABEL=]FILE ... [--random-init]
+(the pictures are drawn by scale/viz/draw.py)"""
 
 import argparse
-from pathlib import Path
 
 HELP = {
     "attention": "last-block self-attention per head of a ViT's class token as PNGs, 60%-mass masks and their "
@@ -53,91 +53,31 @@ def _backbones(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="backbone name (overrides model.name)")
 
 
-def load_backbones(args) -> tuple[object, dict]:
-    """The recipe and label -> frozen backbone for every --weights (and --random-init)."""
-    import torch
+def _source(args):
+    from scale.viz.draw import Backbones
 
-    from scale.checkpoint.weights import load_backbone
-    from scale.errors import UserError
-    from scale.eval.session import build_config
-
-    cfg = build_config(args.recipe, args.overrides, args.model)
-    sources = {}
-    for entry in args.weights:
-        label, _, path = entry.rpartition("=")
-        label = label or Path(path).stem
-        if label in sources:
-            raise UserError(f"--weights: two backbones labelled '{label}'; name them LABEL=FILE")
-        sources[label] = path
-    if args.random_init:
-        sources["random init"] = None
-    if not sources:
-        raise UserError(f"scale viz {args.viz_command}: give --weights FILE (repeatable) and/or --random-init")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    backbones = {}
-    for label, path in sources.items():
-        torch.manual_seed(cfg.train.seed)
-        backbones[label] = load_backbone(cfg.model, path, device)
-    return cfg, backbones
+    return Backbones(args.recipe, args.overrides, args.model, args.weights, args.random_init)
 
 
 def cmd_attention(args) -> int:
-    from scale.errors import UserError
-    from scale.eval import voc
-    from scale.evaluate import result_path
-    from scale.loop.rundir import write_json
-    from scale.viz.attention import check_keep, check_vit
-    from scale.viz.figures import attention_picture
-    from scale.viz.images import patch_size, read_rgb, to_input
+    from scale.viz.draw import attention
 
-    check_keep(args.threshold)
-    samples = voc.read_voc(args.voc, args.split, args.max_images) if args.voc else []
-    images = [Path(p) for p in args.image] or [s.image for s in samples[:1]]
-    if not images:
-        raise UserError("scale viz attention: give --image FILE (repeatable) and/or --voc ROOT")
-    cfg, backbones = load_backbones(args)
-    for backbone in backbones.values():
-        check_vit(backbone, cfg.model.name)
-    mean, std = list(cfg.data.views.mean), list(cfg.data.views.std)
-    patch = patch_size(next(iter(backbones.values())))
-    out = Path(args.out or (Path(args.run_dir) / "viz" if args.run_dir else "viz/attention"))
-    result = {"model": cfg.model.name, "backbones": list(backbones), "pictures": [], "threshold": args.threshold}
-    for path in images:
-        image = to_input(read_rgb(path), args.image_size or None, patch, mean, std)
-        title = f"{cfg.model.name}: last-block self-attention per head ({path.name})"
-        png = attention_picture(backbones, image, mean, std, args.threshold, title, out / f"attention_{path.stem}.png")
-        result["pictures"].append(str(png))
-        print(f"wrote {png}")
-    if samples:
-        result["voc"] = {"root": args.voc, "split": args.split}
-        result["jaccard"] = {
-            label: voc.evaluate(backbone, samples, args.threshold, args.image_size or None, mean, std)
-            for label, backbone in backbones.items()
-        }
-        for label, entry in result["jaccard"].items():
-            print(
-                f"{label}: Jaccard best head {entry['jaccard_best_head']:.1f} (head {entry['best_head']}), "
-                f"mean over heads {entry['jaccard_mean_heads']:.1f} ({entry['images']} images)"
-            )
-    json_path = (
-        out / "attention.json" if args.out or not args.run_dir else result_path(None, args.run_dir, cfg, "attention")
+    attention(
+        _source(args),
+        args.image,
+        args.voc,
+        args.split,
+        args.max_images,
+        args.threshold,
+        args.image_size,
+        args.out,
+        args.run_dir,
     )
-    print(f"wrote {write_json(json_path, result)}")
     return 0
 
 
 def cmd_correspondence(args) -> int:
-    from scale.eval.correspondence_picture import correspondence_picture
-    from scale.viz.images import patch_size, read_rgb, to_input
+    from scale.viz.draw import correspondence
 
-    cfg, backbones = load_backbones(args)
-    mean, std = list(cfg.data.views.mean), list(cfg.data.views.std)
-    multiple = max(patch_size(b) for b in backbones.values())
-    for path in map(Path, args.image):
-        image = to_input(read_rgb(path), args.image_size or None, multiple, mean, std)
-        title = f"{cfg.model.name}: top {args.top} matches, view 1 -> its flipped, jittered view ({path.name})"
-        png = correspondence_picture(
-            backbones, image, mean, std, args.top, args.seed, title, Path(args.out) / f"correspondence_{path.stem}.png"
-        )
-        print(f"wrote {png}")
+    correspondence(_source(args), args.image, args.image_size, args.top, args.seed, args.out)
     return 0

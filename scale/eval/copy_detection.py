@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from scale.errors import UserError
+from scale.eval.images import patch_size, read_rgb, to_input
 from scale.eval.ranking import average_precision
-from scale.viz.images import patch_size, read_rgb, to_input
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ import torch.nn as nn
 from scale.checkpoint.safe_load import why_not_loaded
 from scale.data.batch import Batch
 from scale.errors import UserError
+from scale.nofollow import replacing
 from scale.watch.weighted_knn import gather_rows
 
 FORMAT = "scale-features-1"
@@ -112,9 +113,8 @@ def gather(local: Features, device: torch.device) -> Features:
 def save(path: str | Path, splits: dict[str, Features], meta: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save({"format": FORMAT, "meta": meta, "splits": {n: f.state() for n, f in splits.items()}}, tmp)
-    tmp.replace(path)
+    with replacing(path, binary=True) as out:
+        torch.save({"format": FORMAT, "meta": meta, "splits": {n: f.state() for n, f in splits.items()}}, out)
 
 
 def load(path: str | Path) -> tuple[dict[str, Features], dict]:

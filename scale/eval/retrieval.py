@@ -26,8 +26,8 @@ from PIL import Image
 
 from scale.errors import UserError
 from scale.eval import safe_pickle
+from scale.eval.images import fit_to_patches, patch_size, read_rgb, to_input
 from scale.eval.ranking import revisited_map
-from scale.viz.images import fit_to_patches, patch_size, read_rgb, to_input
 
 log = logging.getLogger(__name__)
 

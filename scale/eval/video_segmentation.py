@@ -27,7 +27,7 @@ from PIL import Image
 
 from scale.errors import UserError
 from scale.eval.davis_metrics import score_video
-from scale.viz.images import patch_size, read_rgb
+from scale.eval.images import patch_size, read_rgb
 
 log = logging.getLogger(__name__)
 

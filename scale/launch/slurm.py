@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from scale.config import load_recipe
 from scale.errors import PREEMPTED_EXIT_CODE, UserError
+from scale.nofollow import write_atomic
 from scale.readback import JOB, BadFile, read_json
 from scale.resources import slurm_template
 
@@ -384,9 +385,7 @@ def submit(job: Job) -> str:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def recorded_job(run_dir: str | Path) -> str | None:

@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from scale.eval.images import to_display  # noqa: E402
 from scale.viz import attention as attn  # noqa: E402
-from scale.viz.images import to_display  # noqa: E402
 
 MASK_COLOUR = np.array([1.0, 0.25, 0.1])
 

@@ -5,6 +5,7 @@ error. That a hit imports no torch: tests/test_cli_light.py (submit --dry-run on
 import argparse
 import dataclasses
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -122,3 +123,26 @@ def test_the_cache_follows_xdg(monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", "/home/someone")
     assert trace_cache.cache_dir() == Path("/home/someone/.cache/scale/traces")
+
+
+def test_the_cache_keeps_its_most_recently_used_entries(cache, monkeypatch):
+    """Beyond MAX_ENTRIES the least recently used entries go; a hit counts as a use."""
+    monkeypatch.setattr(trace_cache, "MAX_ENTRIES", 3)
+    monkeypatch.setattr(trace_cache, "trace_key", lambda key: key)  # here a recipe is its own key
+    trace = StepTrace(images=2)
+    for age, key in enumerate("abc"):
+        trace_cache.write(key, trace)
+        os.utime(cache / f"{key}.json", (1000 + age, 1000 + age))  # a is the oldest
+    assert trace_cache.cached_trace("a") == (trace, True)  # a hit: now the most recently used
+    trace_cache.write("d", trace)  # one too many: b, the least recently used, goes
+    assert sorted(p.name for p in cache.iterdir()) == ["a.json", "c.json", "d.json"]
+
+
+def test_a_write_removes_what_killed_writers_left(cache):
+    cache.mkdir(parents=True)
+    left, working = cache / ".gone.json.0123456789abcdef.tmp", cache / ".busy.json.fedcba9876543210.tmp"
+    left.write_text("{")
+    os.utime(left, (1000, 1000))  # written long ago
+    working.write_text("{")  # a writer at work now
+    trace_cache.write("e", StepTrace(images=2))
+    assert sorted(p.name for p in cache.iterdir()) == [working.name, "e.json"]

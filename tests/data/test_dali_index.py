@@ -47,14 +47,14 @@ def test_a_stale_index_is_rewritten_and_a_fresh_one_kept(tmp_path):
 
 def test_a_read_only_shard_directory_gets_its_indexes_in_a_temporary_directory(tmp_path, monkeypatch):
     good_shards(tmp_path, [2, 0, 3])
-    write = dali_index.atomic_write_text
+    write = dali_index.write_atomic
 
-    def read_only(path, text):
+    def read_only(path, text, **how):
         if path.parent == tmp_path:
             raise PermissionError(13, "Permission denied", str(path))
-        write(path, text)
+        write(path, text, **how)
 
-    monkeypatch.setattr(dali_index, "atomic_write_text", read_only)
+    monkeypatch.setattr(dali_index, "write_atomic", read_only)
     paths = dali_index_paths(tmp_path, read_manifest(tmp_path))
     assert [p.name for p in paths] == ["s0.dali-idx", "s2.dali-idx"]  # none for the empty shard
     assert all(p.parent != tmp_path and p.read_text().startswith("v1.2 ") for p in paths)

@@ -12,7 +12,7 @@ import scale.demo
 from scale.demo import run_demo
 from scale.loop.rundir import read_metrics
 from tests.helpers_run import FORKED_RANKS
-from tests.trackers.readback import mlflow_runs
+from tests.trackers.offline_stores import mlflow_runs
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
 

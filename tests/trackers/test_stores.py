@@ -13,7 +13,7 @@ from scale.config import load_recipe
 from scale.errors import ConfigError
 from scale.loop.rundir import RunDir
 from scale.trackers import Trackers, check_stores
-from tests.trackers.readback import mlflow_runs
+from tests.trackers.offline_stores import mlflow_runs
 from tests.trackers.test_trackers import tensorboard_steps
 
 

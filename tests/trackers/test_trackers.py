@@ -19,7 +19,7 @@ from scale.loop.rundir import RunDir
 from scale.trackers import Trackers, attach_artifacts, check_trackers
 from scale.trackers.sink import Sink
 from tests.helpers_run import TINY, run_train
-from tests.trackers.readback import mlflow_runs, wandb_attempts
+from tests.trackers.offline_stores import mlflow_runs, wandb_attempts
 
 ALL = ["train.trackers=[tensorboard,wandb,mlflow]", "train.tracker.offline=true", "train.tracker.tags=[demo]"]
 
@@ -314,7 +314,7 @@ def test_trackers_honour_their_libraries_environment_and_recipe_keys_override_it
     """With MLFLOW_TRACKING_URI set, runs went to <run>/mlruns; W&B's files went to the run directory whatever
     WANDB_DIR said. Now: recipe key, else the library's variable, else scale's default."""
     from scale.trackers.sink import setting
-    from tests.trackers.readback import wandb_records
+    from tests.trackers.offline_stores import wandb_records
 
     lab = tmp_path / "lab_store"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", lab.resolve().as_uri())

@@ -11,9 +11,9 @@ from scale.checkpoint.weights import load_backbone
 from scale.cli import main as cli
 from scale.config import load_recipe
 from scale.errors import UserError
-from scale.eval import voc
 from scale.models import build_backbone
 from scale.viz import attention as attn
+from scale.viz import voc
 
 RECIPE = "demo/dino_tiny"
 CLS_VIT = ["model.pooling=cls", "model.img_size=32", "model.patch_size=8"]
@@ -102,7 +102,7 @@ def test_voc_jaccard_equals_the_per_head_masks(tmp_path):
     mean, std = [0.5] * 3, [0.25] * 3
     result = voc.evaluate(backbone, samples, 0.6, 32, mean, std)
     assert result["images"] == 2 and len(result["jaccard_per_head"]) == 4
-    from scale.viz.images import read_rgb, to_input
+    from scale.eval.images import read_rgb, to_input
 
     by_hand = []
     for sample in samples:

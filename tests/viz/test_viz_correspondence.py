@@ -6,7 +6,7 @@ from PIL import Image
 from torch import nn
 
 from scale.cli import main as cli
-from scale.eval import correspondence_picture as viz
+from scale.viz import correspondence_picture as viz
 
 
 class SortedPatches(nn.Module):

@@ -10,8 +10,8 @@ tar writes it again, into a temporary directory when the shard directory is read
 import tempfile
 from pathlib import Path
 
-from scale.data.shards.layout import atomic_write_text
 from scale.data.shards.read import read_index, read_manifest
+from scale.nofollow import write_atomic
 
 
 def dali_index_name(tar_name: str) -> str:
@@ -42,7 +42,7 @@ def write_dali_indexes(shard_dir, manifest: dict = None, out_dir=None) -> list[P
         tar, index = shard_dir / shard["name"], out_dir / dali_index_name(shard["name"])
         if not _fresh(index, tar):
             members, _ = read_index(shard_dir, shard)  # a truncated tar keeps its readable samples
-            atomic_write_text(index, dali_index_text(members))
+            write_atomic(index, dali_index_text(members), concurrent=True)  # every rank's loader may, at once
         paths.append(index)
     return paths
 

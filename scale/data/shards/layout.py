@@ -1,5 +1,6 @@
 """What the files of a shard directory are called, and what writer, reader and verifier share to read them: the
-tar scan that locates each member, the checksum, the atomic write (a reader never sees half a file)."""
+tar scan that locates each member, the checksum. (Their atomic write, where a reader never sees half a file, is
+scale.nofollow's.)"""
 
 import hashlib
 import os
@@ -26,12 +27,6 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def scan_tar(path: Path) -> tuple[list, str | None]:

@@ -9,7 +9,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import tarfile
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -22,13 +21,13 @@ from scale.data.shards.layout import (
     LABEL_KINDS,
     MANIFEST,
     SKIPPED_REPORT,
-    atomic_write_text,
     index_name,
     scan_tar,
     sha256_file,
     shard_name,
 )
 from scale.errors import UserError
+from scale.nofollow import replacing, write_atomic
 from scale.progress import progress_bar
 from scale.readback import SHARD_BUILT, BadFile, read_json
 
@@ -115,10 +114,12 @@ def _write_shard(job: tuple) -> dict:
                 f"--out directory (or delete {out_dir})"
             )
         return record
-    tmp = out_dir / f".{final.name}.tmp-{os.getpid()}"
     skipped = []
     count = 0
-    with open(tmp, "wb") as stream, tarfile.open(fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    with (
+        replacing(final, binary=True, concurrent=True) as stream,
+        tarfile.open(fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT) as tar,
+    ):
         for item in items:
             key = item.key
             try:
@@ -136,19 +137,18 @@ def _write_shard(job: tuple) -> dict:
                 info.size, info.mtime, info.mode = len(payload), TAR_MTIME, 0o444
                 tar.addfile(info, io.BytesIO(payload))
             count += 1
-    members, error = scan_tar(tmp)
-    assert error is None, f"{tmp}: {error}"  # we just wrote it
+    members, error = scan_tar(final)
+    assert error is None, f"{final}: {error}"  # we just wrote it
     record = {
         "name": final.name,
         "count": count,
-        "sha256": sha256_file(tmp),
-        "bytes": tmp.stat().st_size,
+        "sha256": sha256_file(final),
+        "bytes": final.stat().st_size,
         "digest": digest,
         "skipped": skipped,
         "members": members,
     }
-    os.replace(tmp, final)
-    atomic_write_text(idx_path, json.dumps(record))
+    write_atomic(idx_path, json.dumps(record), concurrent=True)
     return record
 
 
@@ -194,7 +194,7 @@ def build_shards(
             bar.update(len(job[2]))
     bar.close()
     skipped = [list(row) for row in source.ignored] + [row for r in records for row in r["skipped"]]
-    atomic_write_text(out_dir / SKIPPED_REPORT, "".join(f"{ref}\t{reason}\n" for ref, reason in skipped))
+    write_atomic(out_dir / SKIPPED_REPORT, "".join(f"{ref}\t{reason}\n" for ref, reason in skipped))
     manifest = {
         "format": FORMAT,
         "source": source.description,
@@ -210,7 +210,7 @@ def build_shards(
             for n, r in enumerate(records)
         ],
     }
-    atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=1))
+    write_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=1), concurrent=True)
     write_dali_indexes(out_dir, manifest)  # DALI's reader index (plain text; needs no DALI)
     return manifest
 

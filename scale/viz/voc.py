@@ -18,8 +18,8 @@ import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
 from scale.errors import UserError
+from scale.eval.images import patch_size, read_rgb, to_input
 from scale.viz import attention as attn
-from scale.viz.images import patch_size, read_rgb, to_input
 
 VOID = 255
 

@@ -16,8 +16,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from scale.eval.correspondence import second_view, top_matches  # noqa: E402
+from scale.eval.images import to_display  # noqa: E402
 from scale.viz.figures import save_figure  # noqa: E402
-from scale.viz.images import to_display  # noqa: E402
 
 
 def centres(indices: torch.Tensor, grid: tuple[int, int], size: tuple[int, int]) -> np.ndarray:
