@@ -54,7 +54,8 @@ test-oldest: $(OLDEST_STAMP)
 
 # scale as a user installs it: the wheel built, installed in a fresh venv outside the checkout (core, then with
 # the demo extra; torch as in .venv, from pip's cache) and run from a folder with no checkout (tools/test-wheel).
-# SCALE_WHEEL_DEMO=0 leaves out `scale demo --steps 6` (about 3 of its 9 minutes on 2 loaded cores).
+# SCALE_WHEEL_DEMO=0 runs a one-step `scale train` instead of `scale demo --steps 6` (about 3 of its 9 minutes on 2
+# loaded cores).
 test-wheel: $(STAMP)
 	PY=$(BIN)/python tools/test-wheel
 

@@ -131,13 +131,10 @@ def smoke_overrides(cfg: DictConfig, data_dir: Path | str | None = None) -> Dict
     return out
 
 
-def smoke_run(
-    recipe: str, work_dir: Path | str, data_dir: Path | str | None = None, overrides: list[str] | None = None
-) -> int:
-    """Shrink `recipe`, write the shrunk recipe to work_dir/<name>.yaml and train it on RANKS local gloo processes
-    in work_dir/<name>/, with `overrides` (dotted key=value) on top; returns the exit status of `scale train`."""
+def write_smoke_recipe(recipe: str, work_dir: Path | str, data_dir: Path | str | None = None) -> tuple[Path, Path]:
+    """Shrink `recipe` and write it to work_dir/<name>.yaml; returns that file and the run directory its smoke run
+    trains in (work_dir/<name>/)."""
     from scale.config import load_recipe, to_yaml
-    from scale.loop.train import main
 
     data = Path(data_dir) if data_dir is not None else ensure_smoke_data()
     cfg = smoke_overrides(load_recipe(recipe), data)
@@ -148,7 +145,18 @@ def smoke_run(
         cfg.train.init_weights = str(_random_backbone(cfg, work / f"{stem}.init.safetensors"))
     shrunk = work / f"{stem}.yaml"
     shrunk.write_text(to_yaml(cfg))
-    return main(str(shrunk), list(overrides or []), run_dir=str(work / stem), nproc=RANKS)
+    return shrunk, work / stem
+
+
+def smoke_run(
+    recipe: str, work_dir: Path | str, data_dir: Path | str | None = None, overrides: list[str] | None = None
+) -> int:
+    """Shrink `recipe` (write_smoke_recipe) and train it on RANKS local gloo processes, with `overrides` (dotted
+    key=value) on top; returns the exit status of `scale train`."""
+    from scale.loop.train import main
+
+    shrunk, run_dir = write_smoke_recipe(recipe, work_dir, data_dir)
+    return main(str(shrunk), list(overrides or []), run_dir=str(run_dir), nproc=RANKS)
 
 
 def _random_backbone(cfg: DictConfig, path: Path) -> Path:

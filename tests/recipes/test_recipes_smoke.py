@@ -1,6 +1,8 @@
 """The smoke shrinker keeps what selects a code path and shrinks only sizes; every runnable recipe trains a few
-steps on 2 gloo ranks (by default each recipe that brings a code path no earlier one brought, see
-tests/recipes/conftest.py; all with SCALE_ALL_RECIPES=1)."""
+steps on 2 gloo ranks (by default the fewest recipes that together bring every code path, see
+tests/recipes/conftest.py; all with SCALE_ALL_RECIPES=1). The shrunk recipes train through `scale train` with its
+ranks forked from the launcher (tests/helpers_run.py), as the other end-to-end tests of training do; the MoCo v2
+test runs smoke_run itself, as `scale recipes check --smoke` does, its ranks each a new interpreter."""
 
 import pytest
 from omegaconf import OmegaConf
@@ -9,7 +11,15 @@ from scale.config import list_recipes, load_recipe, recipe_name
 from scale.config.load import from_dict
 from scale.errors import UserError
 from scale.recipes.check import missing_pieces
-from scale.recipes.smoke import PER_RANK_BATCH, RANKS, smoke_overrides, smoke_run, tiny_model_name
+from scale.recipes.smoke import (
+    PER_RANK_BATCH,
+    RANKS,
+    smoke_overrides,
+    smoke_run,
+    tiny_model_name,
+    write_smoke_recipe,
+)
+from tests.helpers_run import run_train
 from tests.recipes.conftest import smoke_params, smoke_skips
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
@@ -67,7 +77,9 @@ def test_smoke_shrink_keeps_code_path(name, tmp_path):
 def test_smoke_run(name, smoke_data, tmp_path):
     if name in smoke_skips():
         pytest.skip(smoke_skips()[name])
-    assert smoke_run(name, tmp_path, smoke_data) == 0
+    shrunk, run_dir = write_smoke_recipe(name, tmp_path, smoke_data)
+    out = run_train(smoke_data, run_dir, [], nproc=RANKS, recipe=str(shrunk))
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 def test_mocov2_recipe_smoke_runs_in_fp32(smoke_data, tmp_path):
