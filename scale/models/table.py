@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from scale.config import list_recipes, load_recipe, recipe_name
 from scale.errors import UserError
-from scale.models.complexity import count_forward, count_params
+from scale.models.complexity import count_forward, count_params, structure
 from scale.models.config import ModelConfig
 from scale.models.registry import build_backbone
 
@@ -121,7 +121,7 @@ def describe(cfg, model: torch.nn.Module | None = None, counted: dict | None = N
     global_px, local_px = accepted_px(GLOBAL_PX, patch), accepted_px(96, patch)
     row = {"model": spec_of(cfg), "params_M": count_params(model) / 1e6}
     for label, size in (("global", global_px), ("local", local_px)):
-        key = (_structure(model, skip="pos_embed"), cfg.pooling, size)
+        key = (structure(model, skip="pos_embed"), cfg.pooling, size)
         if key not in counted:
             macs, out = count_forward(model, size)
             counted[key] = macs, "x".join(str(int(n)) for n in out["grid"])
@@ -151,16 +151,7 @@ def signature(cfg, model: torch.nn.Module) -> tuple:
     """What makes two backbones the same one: their modules, parameters and buffers (names and shapes), and the
     options that change only the forward. Options left at their default (model.patch_size None is the family's
     16) or spelt twice (vit_bn_large is vit_large with model.bn_mlp) give the same signature."""
-    return _structure(model), cfg.pooling, cfg.pos_embed, cfg.pos_embed_trainable
-
-
-def _structure(model: torch.nn.Module, skip: str | None = None) -> tuple:
-    """The modules and their attention heads (which neither a module's repr nor a shape shows), and the names and
-    shapes of the parameters and buffers (but those whose name holds `skip`)."""
-    heads = tuple(m.num_heads for m in model.modules() if isinstance(getattr(m, "num_heads", None), int))
-    shapes = [(n, tuple(t.shape)) for n, t in model.named_parameters() if skip is None or skip not in n]
-    buffers = [(n, tuple(t.shape)) for n, t in model.named_buffers() if skip is None or skip not in n]
-    return repr(model), heads, tuple(shapes), tuple(buffers)
+    return structure(model), cfg.pooling, cfg.pos_embed, cfg.pos_embed_trainable
 
 
 def recipe_models() -> list[tuple[str, object]]:

@@ -95,7 +95,8 @@ print(json.dumps(sorted(sys.modules)))
 
 def test_a_rank_imports_what_its_recipe_runs(tmp_path):
     """adamw, fsdp2, no tracker (train.trackers=[]), no validation: no wandb (timm imports it for its own scripts),
-    no mlflow, no tensorboard, no timm optimizers, no DeepSpeed, no evaluation code, no other method."""
+    no mlflow, no tensorboard, no timm optimizers, no DeepSpeed, no evaluation code, no other method, and none of
+    scale's torchvision transforms (the reference augmentation, eval, viz; timm imports torchvision's v1 only)."""
     import json
     import subprocess
     import sys
@@ -111,4 +112,5 @@ def test_a_rank_imports_what_its_recipe_runs(tmp_path):
     modules = set(json.loads(out.stdout.splitlines()[-1]))
     assert {"torch", "timm", "scale.loop.train", "scale.methods.dino"} <= modules
     unwanted = ("wandb", "mlflow", "tensorboard", "timm.optim", "deepspeed", "scale.eval", "scale.methods.mocov3")
+    unwanted += ("scale.data.reference", "scale.viz", "torchvision.transforms.v2")
     assert sorted(m for m in modules if any(m == u or m.startswith(f"{u}.") for u in unwanted)) == []

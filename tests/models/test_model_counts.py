@@ -1,12 +1,14 @@
 """Backbone parameter and multiply-add counts against the papers (meta device: nothing is allocated)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from scale.models import build_backbone
-from scale.models.complexity import count_macs, count_params
+from scale.models import BACKBONES, build_backbone
+from scale.models.complexity import count_forward, count_macs, count_params
 from scale.models.config import ModelConfig
-from scale.models.table import parse_spec, table
+from scale.models.table import accepted_px, parse_spec, table
 
 
 def meta(spec: str):
@@ -82,3 +84,28 @@ def test_table_rows():
     assert [r["model"] for r in rows] == ["vit_large/7", "swin_nano/w14"]
     assert rows[0]["local_px"] == 98 and rows[0]["local_tokens"] == "14x14" and rows[0]["global_tokens"] == "32x32"
     assert rows[1]["local_px"] == 96 and rows[1]["local_tokens"] == "3x3"
+
+
+NANOS = sorted(name for name in BACKBONES if name.endswith(("_nano", "_nano_w")))
+
+
+@pytest.mark.parametrize("spec", [*NANOS, "swin_nano/w14", "vit_nano/8"])
+def test_a_repeated_module_counted_once_counts_as_every_module_run(spec):
+    """Each family's blocks (ViT, ViT-BN, Swin with shifted and padded windows, ResNet, CvT, PvT, ViL, T2T): the
+    count that runs each repeated module once equals the count that runs every module, at a global and a local
+    crop (96 px: padded windows for Swin)."""
+    cfg = parse_spec(spec)
+    model = build_backbone(replace(cfg, img_size=accepted_px(224, cfg.patch_size or 1)), drop_path=0.0, device="meta")
+    for size in (224, 96):
+        assert count_forward(model, size)[0] == count_forward(model, size, once=False)[0] > 0
+
+
+def test_repeated_blocks_run_once_per_input_shape(monkeypatch):
+    from scale.models.vit import ViTBlock
+
+    runs = []
+    forward = ViTBlock.forward
+    monkeypatch.setattr(ViTBlock, "forward", lambda self, *a, **k: runs.append(self) or forward(self, *a, **k))
+    model = build_backbone(parse_spec("vit_huge"), drop_path=0.0, device="meta")  # blocks alike, as in the table
+    assert count_macs(model, 224) == vit_macs(14, 224, 1280, 32)  # 32 blocks, one run
+    assert len(runs) == 1
