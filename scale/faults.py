@@ -4,6 +4,9 @@ Points:
 - `step`: SIGKILL right after optimizer step STEP completed (the resume tests);
 - `save`: SIGKILL inside the checkpoint write of STEP, after the files are on disk and before the directory is
   sealed (the resume tests);
+- `seal`, written `seal@STEP:STAGE`: SIGKILL of rank 0 while it seals the checkpoint of STEP, at STAGE: `meta` (meta.json
+  written, the folder not yet renamed), `renamed` (the step folder renamed, `latest` not yet moved), `latest` (`latest`
+  moved, saves.jsonl and retention not yet done): the moments of a commit that a preempted job's SIGKILL can hit;
 - `preempt`: SIGUSR1 right after step STEP, as Slurm's preemption notice would send it (the demo interrupts itself
   this way at a known step: a signal sent from outside can arrive after a short run has already finished);
 - `disk_full`: the run directory's file system reports no free space when the checkpoint of STEP is about to be
@@ -19,7 +22,7 @@ import signal
 from pathlib import Path
 
 ENV = "SCALE_FAULT"
-SIGNALS = {"step": signal.SIGKILL, "save": signal.SIGKILL, "preempt": signal.SIGUSR1}
+SIGNALS = {"step": signal.SIGKILL, "save": signal.SIGKILL, "seal": signal.SIGKILL, "preempt": signal.SIGUSR1}
 POINTS = (*SIGNALS, "disk_full", "disk_fills")
 FULL_DEVICE = "/dev/full"  # every write to it fails with ENOSPC
 
@@ -37,6 +40,12 @@ def active(point: str, step: int) -> bool:
 
 def maybe_inject(point: str, step: int) -> None:
     if active(point, step):
+        os.kill(os.getpid(), SIGNALS[point])
+
+
+def maybe_inject_at(point: str, step: int, where: str) -> None:
+    """`POINT@STEP:WHERE`: the fault of `point` at step `step`, only at the stage named `where`."""
+    if active(point, step) and os.environ[ENV].partition(":")[2] == where:
         os.kill(os.getpid(), SIGNALS[point])
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from scale.checkpoint.checksum import checksums
+from scale.faults import maybe_inject_at
 from scale.nofollow import write_atomic
 from scale.readback import CHECKPOINT_META, BadFile, read_json
 
@@ -97,12 +98,15 @@ class CheckpointStore:
         meta = {**meta, "step": step, "saved_at": time.time(), "files": files, "checksums": checksums(staging, files)}
         meta["complete"] = True
         _write_meta(staging, json.dumps(meta, indent=2))
+        maybe_inject_at("seal", step, "meta")
         final = self.root / step_name(step)
         if final.exists():  # a re-save of the same step (e.g. preemption right after a periodic save)
             shutil.rmtree(final)
         os.replace(staging, final)
         _fsync_dir(self.root)
+        maybe_inject_at("seal", step, "renamed")
         write_latest(self.root, final.name)
+        maybe_inject_at("seal", step, "latest")
         return final
 
     def step_dirs(self) -> list[Path]:

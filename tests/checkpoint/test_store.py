@@ -68,3 +68,30 @@ def test_resume_refuses_changed_shapes_naming_them():
     assert "model.name: 'vit_nano' -> 'vit_tiny'" in str(err.value)
     assert "method.dino.out_dim: 256 -> 512" in str(err.value)
     assert OmegaConf.select(changed, "model.name") == "vit_tiny"
+
+
+class Killed(BaseException):
+    """Stands in for the SIGKILL of scale.faults: the commit stops where the process would die."""
+
+
+@pytest.mark.parametrize("stage", ["meta", "renamed", "latest"])
+def test_a_kill_at_each_stage_of_a_seal_leaves_a_checkpoint_to_resume_from(tmp_path, monkeypatch, stage):
+    """SCALE_FAULT=seal@20:STAGE kills rank 0 inside the commit of step 20 (tools/soak's kill_in_seal): the newest
+    checkpoint the resume finds is step 10 until the folder was renamed, step 20 after; the next save cleans up."""
+    store = CheckpointStore(tmp_path)
+    _save(store, 10)
+    monkeypatch.setenv("SCALE_FAULT", f"seal@20:{stage}")
+
+    def die(pid, signum):
+        raise Killed
+
+    monkeypatch.setattr("scale.faults.os.kill", die)
+    with pytest.raises(Killed):
+        _save(store, 20)
+    expected = step_name(10) if stage == "meta" else step_name(20)
+    assert resolve(tmp_path).name == expected
+    assert (tmp_path / "latest").read_text().strip() == (step_name(20) if stage == "latest" else step_name(10))
+    monkeypatch.delenv("SCALE_FAULT")
+    _save(store, 30)
+    assert [p.name for p in store.candidates()][0] == step_name(30)
+    assert not store.staging_dirs() and not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
