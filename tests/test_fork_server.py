@@ -12,6 +12,8 @@ import pytest
 from tests import fork_server
 from tests.helpers_run import FORKED_RANKS, TINY, clean_env
 
+pytestmark = pytest.mark.slow  # starts processes: `make test-fast` leaves it out
+
 DEMO = Path(__file__).resolve().parents[1] / "recipes" / "demo" / "dino_tiny.yaml"
 
 
@@ -22,11 +24,6 @@ def both(args: list[str], env: dict, cwd: Path) -> tuple[subprocess.CompletedPro
     return forked, execed
 
 
-def test_the_server_preloads_every_module_it_names(tmp_path):
-    fork_server.run([sys.executable, str(FORKED_RANKS), "--help"], env=clean_env(tmp_path), capture_output=True)
-    assert fork_server._server(clean_env(tmp_path)).missing == []  # a renamed module: update PRELOAD
-
-
 def test_success_reads_the_launchs_environment_and_directory_as_an_execd_one(tmp_path):
     # a recipe found relative to the working directory, its data paths from the environment's SCALE_DATA
     (tmp_path / "mine.yaml").write_text(f"base: {DEMO}\n")
@@ -35,6 +32,7 @@ def test_success_reads_the_launchs_environment_and_directory_as_an_execd_one(tmp
     assert forked.returncode == execed.returncode == 0, forked.stderr[-2000:]
     assert f"{tmp_path}/my_data/embedded/digits/train" in forked.stdout and "max_steps: 3" in forked.stdout
     assert (forked.stdout, forked.stderr) == (execed.stdout, execed.stderr)
+    assert fork_server._server(env).missing == []  # each PRELOAD name imports (a renamed module: update the list)
 
 
 def test_usage_error_exits_2_with_the_same_message(tmp_path):
@@ -49,7 +47,6 @@ def long_run(data: Path, run_dir: Path) -> list[str]:
     return [sys.executable, str(FORKED_RANKS), *args]
 
 
-@pytest.mark.slow  # spawns a rank
 def test_a_signal_and_a_timeout_end_the_launcher_as_an_execd_ones(embedded_data, tmp_path):
     env = clean_env(embedded_data)
     statuses = []
