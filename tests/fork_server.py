@@ -73,11 +73,7 @@ def _serve(control: socket.socket) -> tuple[dict, list[int]]:
             if item is not control:
                 pid, reply = running.pop(item)
                 os.close(item)
-                status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-                try:
-                    reply.sendall(f"{status}\n".encode())
-                except OSError:  # the client stopped waiting (it killed the launch and went on)
-                    pass
+                _send(reply, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
                 reply.close()
                 continue
             message, fds, flags, _ = socket.recv_fds(control, 1 << 22, 4)
@@ -99,8 +95,15 @@ def _serve(control: socket.socket) -> tuple[dict, list[int]]:
                 return json.loads(message), stdio
             for fd in stdio:
                 os.close(fd)
-            reply.sendall(f"{pid}\n".encode())
             running[os.pidfd_open(pid)] = (pid, reply)
+            _send(reply, pid)
+
+
+def _send(reply: socket.socket, number: int) -> None:
+    try:
+        reply.sendall(f"{number}\n".encode())
+    except OSError:  # the client stopped waiting (it killed the launch and went on): the launch is still reaped
+        pass
 
 
 def _become_launcher(request: dict, stdio: list[int], defaults: list, added: list) -> None:
