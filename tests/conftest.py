@@ -12,6 +12,8 @@ os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests import fork_server  # noqa: E402
+
 torch.set_num_threads(1)
 
 
@@ -22,6 +24,14 @@ def trace_cache(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("xdg_cache")
     os.environ["XDG_CACHE_HOME"] = str(folder)
     return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_server_stopped():
+    """The worker's fork server (tests/fork_server.py: started at its first launch) stopped at the session's end;
+    it would also exit with the worker (its parent-death signal)."""
+    yield
+    fork_server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,10 @@ import sys
 from pathlib import Path
 
 from scale.launch.local import fresh_environment
+from tests import fork_server
 
-# `scale` with its --nproc ranks forked from the launcher (see there)
-FORKED_RANKS = Path(__file__).with_name("forked_ranks.py")
+# `scale` with its --nproc ranks forked from the launcher (see there); launched by fork_server.run or .popen
+FORKED_RANKS = fork_server.FORKED_RANKS
 
 TINY = [
     "train.global_batch=16",
@@ -35,9 +36,10 @@ def run_train(
     timeout: int = 600,  # a guard against a hung run: a loaded 2-core machine took over 300 s for one launch
     fork: bool = True,
 ) -> subprocess.CompletedProcess:
-    """`scale train recipe *overrides --run-dir run_dir --nproc nproc`. `fork`: the ranks forked from the launcher
-    (FORKED_RANKS), which saves each rank its ~10 CPU s of imports; False for the tests of the launcher and of
-    process start-up, which run the ranks as a user's launch does, each a new interpreter."""
+    """`scale train recipe *overrides --run-dir run_dir --nproc nproc`. `fork`: the launcher forked from the
+    worker's preloaded fork server (tests/fork_server.py) and the ranks from the launcher (FORKED_RANKS), which
+    saves each of them its imports; False for the tests of the launcher and of process start-up, which run the
+    launcher and the ranks as a user's launch does, each a new interpreter."""
     env = clean_env(data_root)
     if fault:
         env["SCALE_FAULT"] = fault
@@ -52,4 +54,5 @@ def run_train(
         "--nproc",
         str(nproc),
     ]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    launch = fork_server.run if fork else subprocess.run
+    return launch(cmd, env=env, capture_output=True, text=True, timeout=timeout)

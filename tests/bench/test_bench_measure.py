@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from scale.bench.trace import trace_step
 from scale.cli import main
 from scale.config import load_recipe
 from scale.recipes.smoke import smoke_overrides
+from tests import fork_server
 from tests.helpers_run import FORKED_RANKS
 
 pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` leaves it out
@@ -181,10 +181,10 @@ def fresh_env() -> dict:
 def test_bench_on_two_ranks_reports_sharded_state(tmp_path):
     """`--nproc 2` spawns a gloo group; FSDP2 holds half of DDP's per-rank state (Engine.memory())."""
     out = tmp_path / "ranks.json"
-    done = subprocess.run(
+    done = fork_server.run(
         [
             sys.executable,
-            str(FORKED_RANKS),  # ranks forked from the launcher (tests/forked_ranks.py)
+            str(FORKED_RANKS),  # forked by the fork server, its ranks from it (tests/fork_server.py)
             "bench",
             TINY_RECIPE,
             "train.global_batch=4",

@@ -11,6 +11,7 @@ import pytest
 import scale.demo
 from scale.demo import run_demo
 from scale.loop.rundir import read_metrics
+from tests import fork_server
 from tests.helpers_run import FORKED_RANKS
 from tests.trackers.offline_stores import mlflow_runs
 
@@ -19,13 +20,13 @@ pytestmark = pytest.mark.slow  # multi-process or end-to-end: `make test-fast` l
 
 @pytest.fixture(autouse=True)
 def forked_ranks(monkeypatch):
-    """The demo's launches (`scale train`, `scale bench`) with their ranks forked from the launcher
-    (tests/forked_ranks.py): these tests test the story; the demo's exec'd launches are tested by
+    """The demo's launches (`scale train`, `scale bench`) forked by the fork server and their ranks from the
+    launcher (tests/fork_server.py): these tests test the story; the demo's exec'd launches are tested by
     tests/demo/test_demo_signals.py and `make test-wheel`'s `scale demo`."""
 
     def popen(command, *args, **kwargs):
         if command[1:3] == ["-m", "scale.cli"]:
-            command = [command[0], str(FORKED_RANKS), *command[3:]]
+            return fork_server.popen([command[0], str(FORKED_RANKS), *command[3:]], *args, **kwargs)
         return subprocess.Popen(command, *args, **kwargs)
 
     monkeypatch.setattr(scale.demo, "subprocess", types.SimpleNamespace(Popen=popen, PIPE=subprocess.PIPE))

@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -18,6 +17,7 @@ from scale.eval.knn import knn_eval
 from scale.eval.linear import in_val_split
 from scale.eval.logreg import evaluate_dataset
 from scale.models import build_backbone
+from tests import fork_server
 from tests.helpers_run import FORKED_RANKS
 
 RECIPE = """
@@ -101,10 +101,10 @@ def test_knn_on_two_ranks_equals_one_rank(data, tmp_path):
     small = [f"data.train={root}/digits/val", f"data.val={root}/photos/val", "model.name=vit_nano"]
     one = run("eval", "knn", recipe, *small, "--random-init", "--out", str(tmp_path / "one.json"))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SCALE_LOCAL_LAUNCH")}
-    proc = subprocess.run(
+    proc = fork_server.run(
         [
             sys.executable,
-            str(FORKED_RANKS),  # ranks forked from the launcher (tests/forked_ranks.py)
+            str(FORKED_RANKS),  # forked by the fork server, its ranks from it (tests/fork_server.py)
             "eval",
             "knn",
             recipe,

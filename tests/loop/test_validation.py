@@ -2,7 +2,6 @@
 `scale eval finetune` (= `scale train` of a supervised recipe) whose recorded top-1 is the exported model's."""
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ from scale.data.batch import Batch
 from scale.data.evaluation import ShardSamples, eval_views_cfg, lockstep_batches
 from scale.loop.validation import accuracy
 from scale.methods import build_method
+from tests import fork_server
 from tests.helpers_run import FORKED_RANKS, clean_env
 
 RECIPE = """
@@ -77,7 +77,7 @@ def test_finetune_is_a_training_run_whose_val_top1_is_the_exported_models(data, 
     run_dir, out = tmp_path / "run", tmp_path / "finetune.json"
     cmd = [
         sys.executable,
-        str(FORKED_RANKS),  # ranks forked from the launcher (tests/forked_ranks.py)
+        str(FORKED_RANKS),  # forked by the fork server, its ranks from it (tests/fork_server.py)
         "eval",
         "finetune",
         recipe,
@@ -89,7 +89,7 @@ def test_finetune_is_a_training_run_whose_val_top1_is_the_exported_models(data, 
         "--out",
         str(out),
     ]
-    done = subprocess.run(cmd, env=clean_env(root), capture_output=True, text=True, timeout=600)
+    done = fork_server.run(cmd, env=clean_env(root), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [h["step"] for h in result["history"]] == [8, 16]  # every epoch (8 steps); the last one is the last step
