@@ -152,7 +152,10 @@ def _server_main(control_fd: int, parent: int) -> None:
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:  # a fork beside another thread may inherit a lock it holds
         sys.exit(f"fork server: {threads} threads after the imports, forking is unsafe")
-    control.send(json.dumps({"missing": missing}).encode())
+    # the start-up variables the preloaded imports set themselves (torch._inductor's TORCHINDUCTOR_CACHE_DIR): a
+    # launch whose environment holds the same values gets what its own imports would have set
+    set_by_imports = {k: v for k, v in os.environ.items() if k.startswith(STARTUP)}
+    control.send(json.dumps({"missing": missing, "set_by_imports": set_by_imports}).encode())
     request, stdio = _serve(control)
     _become_launcher(request, stdio, defaults, added)
 
@@ -182,14 +185,19 @@ class Server:
         hello = self.control.recv(1 << 16)
         if not hello:
             raise ServerError(f"fork server: exited at start with status {self.proc.wait()}{self.output()}")
-        self.missing = json.loads(hello)["missing"]
+        hello = json.loads(hello)
+        self.missing = hello["missing"]
+        self.set_by_imports = {k: v for k, v in hello["set_by_imports"].items() if k not in self.env}
 
     def differences(self, env: dict) -> list[str]:
         """The STARTUP variables whose value in `env` a launcher forked from this server could not have."""
         return sorted(
             k
             for k in {*env, *self.env}
-            if k.startswith(STARTUP) and k not in PER_LAUNCH and env.get(k) != self.env.get(k)
+            if k.startswith(STARTUP)
+            and k not in PER_LAUNCH
+            and env.get(k) != self.env.get(k)
+            and env.get(k) != self.set_by_imports.get(k)  # unset in the server's launch, then set by an import
         )
 
     def fork(self, argv: list[str], env: dict, cwd: str, stdio: list[int]) -> tuple[int, socket.socket]:
