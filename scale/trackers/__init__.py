@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scale.errors import ConfigError, UserError, is_disk_full
 from scale.nofollow import open_fd, write_atomic
-from scale.readback import RUN_CONFIG, TRACKERS, BadFile, read_json, read_yaml
+from scale.readback import METRICS_LINE, RUN_CONFIG, TRACKERS, BadFile, read_json, read_json_lines, read_yaml
 from scale.trackers.jsonl import JsonlSink
 
 log = logging.getLogger(__name__)
@@ -307,16 +307,8 @@ def scalars(record: dict) -> dict[str, float]:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """metrics.jsonl's records; a line a kill cut short is skipped."""
-    records = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            records.append(record)
-    return records
+    """metrics.jsonl's records, through scale.readback's reader; a line a kill cut short is skipped."""
+    return read_json_lines(path, METRICS_LINE, skip=True) if path.exists() else []
 
 
 def attach_artifacts(root: Path, paths: list[Path]) -> None:
