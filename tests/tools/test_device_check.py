@@ -3,7 +3,8 @@ experiment's file), in process; and --dry-run: every stage of the GPU machine's 
 fp32 experiment's CPU runs, the GPU tests' CPU self-check, benchmarks of an eager and a compiled setting with the
 official DINO step beside the first, a profiled step) runs on the CPU with tiny shapes, its summaries hold what each
 stage measured, and no more files come back than the device tool returns. The real mode differs only in its device,
-shapes and selection."""
+shapes and selection, and in starting a process per stage where the dry run calls the same entry points in its own
+interpreter (pytest's stage stays a process in both)."""
 
 import importlib.machinery
 import importlib.util
