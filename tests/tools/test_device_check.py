@@ -3,7 +3,8 @@ experiment's file), in process; and --dry-run: every stage of the GPU machine's 
 fp32 experiment's CPU runs, the GPU tests' CPU self-check, benchmarks of an eager and a compiled setting with the
 official DINO step beside the first, a profiled step) runs on the CPU with tiny shapes, its summaries hold what each
 stage measured, and no more files come back than the device tool returns. The real mode differs only in its device,
-shapes and selection."""
+shapes and selection, and in starting a process per stage where the dry run calls the same entry points in its own
+interpreter (pytest's stage stays a process in both)."""
 
 import importlib.machinery
 import importlib.util
@@ -171,6 +172,38 @@ def test_the_fp32_report_names_how_far_each_variant_is_and_where(tmp_path):
     lines = fp32.report(tmp_path / "fp32.safetensors")
     assert any(line.strip().startswith("gpu_default") and "(25%)" in line for line in lines), lines
     assert fp32.main([str(tmp_path / "missing")]) == 2
+
+
+def test_a_dry_run_stage_in_this_interpreter_reports_as_its_process_would(tmp_path, capsys, monkeypatch):
+    """The dry run runs its bodies and scale's CLI in the check's interpreter (in_process): the exit code, output,
+    limit, working directory and environment as the stage's own process would have them; pytest keeps its process."""
+    tool = load_tool()
+    body = [sys.executable, str(TOOL), "--body", "env", "x.json", "--dry-run"]
+    assert tool.in_process(body) and tool.in_process([sys.executable, "-m", "scale.cli", "bench", "r"])
+    assert tool.in_process([sys.executable, "-m", "pytest", "tests/gpu"]) is None
+
+    def printed():
+        print("to the log", os.getcwd() == str(tool.REPO), os.environ["STAGE_ONLY"])
+        return 3
+
+    def exits():
+        raise SystemExit("a body's own message")
+
+    def hangs():
+        import time
+
+        time.sleep(30)
+
+    monkeypatch.chdir(tmp_path)  # the stage runs in the checkout, as `tee`'s process does
+    cwd, environ, path = os.getcwd(), dict(os.environ), tmp_path / "check.log"
+    with open(path, "w") as log:
+        codes = [tool.run_in_process(entry, ["x"], {"STAGE_ONLY": "1"}, log, 1) for entry in (printed, exits, hangs)]
+        codes.append(tool.run_in_process(lambda: 1 / 0, ["x"], {}, log, 10))
+    assert codes == [3, 1, None, 1]  # None: `Run.command` records a timeout
+    text = path.read_text()
+    assert "to the log True 1" in text and "a body's own message" in text and "ZeroDivisionError" in text
+    assert "x: stopped at its limit of 1 s" in text and text in capsys.readouterr().out  # tee'd to the console
+    assert os.getcwd() == cwd and dict(os.environ) == environ
 
 
 ALL_STAGES = "env,preflight,fp32,tests,profile,bench,host,data"  # the default ones and data
