@@ -21,7 +21,8 @@ from scale.errors import PREEMPTED_EXIT_CODE, UserError
 from scale.eval import knn
 from scale.eval.session import open_session
 from scale.launch.local import fresh_environment
-from scale.loop.rundir import read_metrics, write_json
+from scale.loop.rundir import write_json
+from scale.readback import read_metrics
 from scale.report import write_report
 from scale.trackers import attach_artifacts, check_trackers
 

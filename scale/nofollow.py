@@ -53,11 +53,14 @@ def replacing(path: str | Path, binary: bool = False, fsync: bool = False, concu
     anew (O_EXCL, never through a link) and renamed over `path` (which replaces a link there, never writes through
     it). It is `.NAME.tmp` where one process writes `path` (whatever stood at that name, a killed write's leftover or
     a link, goes first), or `.NAME.<random>.tmp`, one per writer, where several may write `path` at once
-    (`concurrent`: a shared cache or data directory), so that no writer removes or renames another's."""
+    (`concurrent`: a shared cache or data directory), so that no writer removes or renames another's.
+    The file's `temporary` is that path: a writer that describes what it wrote (a checksum, a size) reads it there
+    inside the block, its own bytes, where `path` may already hold another writer's."""
     path = Path(path)
     fd, tmp = _fresh(path) if concurrent else _fixed(path)
     try:
         with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as f:
+            f.temporary = tmp
             yield f
             if fsync:
                 f.flush()

@@ -158,6 +158,20 @@ def read_json_lines(path: str | Path, schema, torn_tail: bool = False, skip: boo
     return records
 
 
+def read_metrics(path: str | Path, skip: bool = False) -> list[dict]:
+    """<run>/metrics.jsonl's records; none before the run wrote one. Its last line may be torn (a kill, or the run
+    writing it): dropped. `skip`, for readers that show what they can (`scale status`, the trackers' replay): any
+    line that does not read is skipped, and a file that cannot be read is no record."""
+    try:
+        return read_json_lines(path, METRICS_LINE, torn_tail=True, skip=skip)
+    except FileNotFoundError:
+        return []
+    except OSError:
+        if skip:
+            return []
+        raise
+
+
 def read_yaml(path: str | Path, schema):
     """A YAML file (aliases bounded as for recipes), matching `schema`; an empty file is an empty mapping."""
     import yaml

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from scale.config.load import from_dict  # noqa: E402
 from scale.errors import UserError  # noqa: E402
-from scale.loop.rundir import RunDir, read_metrics  # noqa: E402
-from scale.readback import EVAL_RESULT, read_json  # noqa: E402
+from scale.loop.rundir import RunDir  # noqa: E402
+from scale.readback import EVAL_RESULT, read_json, read_metrics  # noqa: E402
 
 PLOTS = {  # file stem -> (metrics side by side, y labels, title)
     # DINO's collapse and its teacher-temperature warm-up read from the teacher's entropy and the student/teacher KL

@@ -30,7 +30,7 @@ from scale.data.sources import imagefolder
 from scale.errors import UserError
 from scale.launch.slurm import JOB_RECORD, recorded_job
 from scale.loop.validation import Validation
-from scale.readback import VAL_RESULT, BadFile, read_json, read_json_lines, read_line, read_yaml
+from scale.readback import VAL_RESULT, BadFile, read_json, read_json_lines, read_line, read_metrics, read_yaml
 from scale.trackers import TrackerState, attach_artifacts
 from tests.checkpoint.test_steering import saved_run, toy
 from tests.data.helpers import make_imagefolder
@@ -365,3 +365,20 @@ def test_the_message_names_the_file_and_the_field(tmp_path):
         read_yaml(tmp_path / "c.yaml", {})
     with pytest.raises(FileNotFoundError):  # a missing file is the caller's to handle (often: none yet)
         read_json(tmp_path / "none.json", {})
+
+
+def test_one_reader_of_metrics_jsonl_strict_or_showing_what_it_can(tmp_path):
+    """The report, the demo and the checkpoint bench read metrics.jsonl strictly, `scale status` and the trackers'
+    replay as far as it reads: no file is no record; a torn last line (a kill, or the run writing it) is dropped; a
+    bad line before it names its line, or is skipped; a file that cannot be read is an error, or no record."""
+    path = tmp_path / "metrics.jsonl"
+    assert read_metrics(path) == read_metrics(path, skip=True) == []
+    path.write_text('{"step": 1}\n{"step": 2, "epoch": 0}\n{"step": 3, "ti')
+    assert [r["step"] for r in read_metrics(path)] == [r["step"] for r in read_metrics(path, skip=True)] == [1, 2]
+    path.write_text('{"step": 1}\n{"step": "two"}\n{"step": 3}\n')
+    with pytest.raises(BadFile, match="line 2: step"):
+        read_metrics(path)
+    assert [r["step"] for r in read_metrics(path, skip=True)] == [1, 3]
+    assert read_metrics(tmp_path, skip=True) == []  # a folder where the file should be
+    with pytest.raises(IsADirectoryError):
+        read_metrics(tmp_path)

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from scale.errors import UserError
-from scale.loop.rundir import read_metrics
+from scale.readback import read_metrics
 
 
 def _run(recipe: str, overrides: list[str], run_dir: Path, nproc: int) -> None:

@@ -7,6 +7,11 @@ Memory per rank, from a fake-tensor trace of one step (scale.bench.trace) and th
   ZeRO-1/2 also keep a sharded fp32 master copy (ZeRO-3 in fp32/bf16 shares its weights, fp16 does not);
 - activations: the bytes the forward and the loss save for backward, per image, times the micro-batch; activation
   checkpointing replaces a checkpointed block's saved tensors by its input and adds one block's recomputation;
+- the weights in the autocast dtype (mixed precision, "lowp"): the DDP engine's copies of the student's trainable and
+  the teacher's Linear and Conv weights and biases (scale/engine/lowp.py, 2 bytes an element, kept between steps);
+  else autocast's casts of the student's weights, saved from the forward to the backward whatever the batch (an
+  upper bound under checkpointing, which recomputes those of a checkpointed block); none where the weights are
+  sharded (the gathered weights are transients);
 - transients: the batch's crops, the gradient of the largest saved tensor, and under FSDP2/ZeRO-3 the gathered
   weights of two blocks (prefetch) plus the unsharded parts (heads);
 - buffers (BatchNorm statistics, position tables).
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from scale.bench.mfu import step_flops
 from scale.bench.steptrace import StepTrace
-from scale.engine.kinds import SETTINGS
+from scale.engine.kinds import SETTINGS, holds_low_precision_weights
 from scale.errors import UserError
 from scale.launch.layout import Setting
 
@@ -98,6 +103,15 @@ def activation_bytes(trace: StepTrace, images: int, ac: str = "none", every_n: i
     if calls:
         saved += sum(c.inputs - c.saved for c in calls) + max(c.saved for c in calls)
     return trace.per_image(saved) * images
+
+
+def lowp_bytes(trace: StepTrace, setting: Setting, precision: str) -> float:
+    """The weights one rank holds in the autocast dtype at the peak (module docstring)."""
+    if holds_low_precision_weights(setting.engine, precision, setting.compile):
+        return 2 * (trace.student_cast + trace.teacher_cast)
+    if precision == "fp32" or setting.engine in SHARDED_WEIGHTS:
+        return 0.0
+    return trace.weight_casts
 
 
 def transient_bytes(trace: StepTrace, images: int, engine: str, precision: str) -> float:
@@ -193,6 +207,7 @@ def predict(
     memory = state_bytes(trace, setting.engine, world, precision, optimizer, setting.shard_size or gpus_per_node)
     memory["buffers"] = trace.buffers
     memory["activations"] = activation_bytes(trace, setting.micro_batch, setting.ac, setting.every_n)
+    memory["lowp"] = lowp_bytes(trace, setting, precision)
     memory["transient"] = transient_bytes(trace, setting.micro_batch, setting.engine, precision)
     memory["total"] = peak_bytes(memory, setting.engine)
     images = setting.micro_batch * setting.grad_accum
@@ -294,7 +309,7 @@ def format_plan(
     gpus_per_node: int | None = None,
     recipe: Setting | None = None,
 ) -> str:
-    keys = ("params", "grads", "optimizer", "teacher", "buffers", "activations", "transient", "total")
+    keys = ("params", "grads", "optimizer", "teacher", "buffers", "activations", "lowp", "transient", "total")
     nodes = world // (gpus_per_node or world)
     where = f"{nodes} node(s) x {gpus_per_node or world} GPU(s)" if nodes > 1 else f"{world} GPU(s)"
     lines = [

@@ -22,7 +22,10 @@ class StepTrace:
     images: int
     student_flops: int = 0  # forward FLOPs of every student call of the step (all crops)
     teacher_flops: int = 0
-    net_saved: int = 0  # bytes the student's forward saves for backward
+    net_saved: int = 0  # bytes the student's forward saves for backward, less its weights cast by autocast
+    # bytes of the student's parameters cast by autocast and saved for backward: one cast per weight and step (the
+    # cache shares it between calls), whatever the batch
+    weight_casts: int = 0
     loss_saved: int = 0  # bytes the loss arithmetic outside the nets saves
     largest_saved: int = 0  # the largest single saved storage
     blocks: list[BlockCall] = field(default_factory=list)  # the student's block calls, in order
@@ -34,6 +37,10 @@ class StepTrace:
     params: int = 0  # student parameters (all)
     trainable: int = 0
     teacher_params: int = 0
+    # elements of the Linear and Conv weights and biases (scale.engine.lowp.cast_parameters): the student's
+    # trainable ones and the teacher's, of which the DDP engine keeps copies in the autocast dtype
+    student_cast: int = 0
+    teacher_cast: int = 0
     buffers: int = 0  # bytes of student + teacher buffers
 
     def per_image(self, value: float) -> float:

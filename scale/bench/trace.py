@@ -9,7 +9,8 @@ the loss arithmetic (cross-entropies over 65536 prototypes, EsViT's per-token re
 - FLOPs of every student and teacher forward (math attention path: torch's FlopCounterMode has no formula for the
   fused CPU kernel), per transformer-block call as well;
 - bytes saved for backward (saved-tensor hooks, each storage once, parameters excluded), per block call, plus
-  each block call's input (what non-reentrant activation checkpointing keeps instead), and by the loss.
+  each block call's input (what non-reentrant activation checkpointing keeps instead), and by the loss; autocast's
+  casts of the parameters apart (they do not grow with the batch).
 """
 
 import contextlib
@@ -25,6 +26,7 @@ from scale.bench.steptrace import TRACE_IMAGES, BlockCall, StepTrace, trace_conf
 from scale.data.synthetic import SyntheticLoader
 from scale.engine.activation_checkpointing import part_blocks
 from scale.engine.base import Engine
+from scale.engine.lowp import cast_parameters
 from scale.engine.parallel import ParallelContext
 from scale.engine.params import named_parameters
 from scale.models.complexity import _math_attention
@@ -46,17 +48,38 @@ def storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
-class _Saved:
-    """Saved-tensor hook counting each storage once (parameters excluded); `current` is the block call being run."""
+# autograd nodes between a parameter and autocast's cast of it as an op saves it (linear saves the weight transposed)
+_CAST_OR_VIEW = {"ToCopyBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0"}
 
-    def __init__(self, exclude: set[int]):
+
+def cast_of_parameter(t: torch.Tensor) -> bool:
+    """Whether `t` is a cast of a parameter (or a view of one): its history, one node at a time, reaches a leaf
+    through casts and views only, at least one cast."""
+    node, cast = t.grad_fn, False
+    while node is not None and type(node).__name__ in _CAST_OR_VIEW and len(node.next_functions) == 1:
+        cast |= type(node).__name__ == "ToCopyBackward0"
+        node = node.next_functions[0][0]
+    return cast and node is not None and type(node).__name__ == "AccumulateGrad"
+
+
+class _Saved:
+    """Saved-tensor hook counting each storage once (parameters excluded); `current` is the block call being run.
+    Casts of parameters go to `casts` instead, once per storage in `cast_seen` (shared by the step's calls)."""
+
+    def __init__(self, exclude: set[int], cast_seen: set[int] | None = None):
         self.seen, self.exclude = set(), exclude
-        self.total = self.largest = 0
+        self.cast_seen = set() if cast_seen is None else cast_seen
+        self.total = self.largest = self.casts = 0
         self.current: BlockCall | None = None
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = storage_key(t)
-        if key not in self.seen and key not in self.exclude:
+        if key in self.exclude or key in self.cast_seen:
+            return t
+        if cast_of_parameter(t):
+            self.cast_seen.add(key)
+            self.casts += storage_bytes(t)
+        elif key not in self.seen:
             self.seen.add(key)
             size = storage_bytes(t)
             self.total += size
@@ -118,6 +141,7 @@ class _StandIn(nn.Module):
         super().__init__()
         self.net, self.fake, self.trace, self.role = net, fake, trace, role
         self.exclude = {storage_key(p) for p in net.parameters()}
+        self.cast_seen: set[int] = set()  # autocast's casts of the weights, kept by its cache for the whole step
 
     def forward(self, *args, **kwargs):
         args, kwargs = tree_map_only(torch.Tensor, self.fake.from_tensor, (args, kwargs))
@@ -125,7 +149,7 @@ class _StandIn(nn.Module):
         student = self.role == "student" and torch.is_grad_enabled()
         first_call = len(self.trace.blocks)
         if student:  # memory pass
-            saved = _Saved(self.exclude)
+            saved = _Saved(self.exclude, self.cast_seen)
             hooks = _BlockHooks(blocks, self.trace.blocks, saved=saved)
             try:
                 with self.fake, saved_tensors_hooks(saved.pack, _unpack):
@@ -133,6 +157,7 @@ class _StandIn(nn.Module):
             finally:
                 hooks.remove()
             self.trace.net_saved += saved.total
+            self.trace.weight_casts += saved.casts
             self.trace.largest_saved = max(self.trace.largest_saved, saved.largest)
         counter = FlopCounterMode(display=False)
         hooks = _BlockHooks(blocks, self.trace.blocks[first_call:], counter=counter) if student else None
@@ -182,8 +207,10 @@ class TracingEngine(Engine):
         blocks = block_modules(student)
         trace.depth = len(blocks)
         trace.block_params = sum(p.numel() for b in blocks for p in b.parameters())
+        trace.student_cast = sum(p.numel() for _, p in cast_parameters(student) if p.requires_grad)
         if teacher is not None:
             trace.teacher_params = sum(p.numel() for p in teacher.parameters())
+            trace.teacher_cast = sum(p.numel() for _, p in cast_parameters(teacher))
         nets = [n for n in (student, teacher) if n is not None]
         trace.buffers = sum(b.numel() * b.element_size() for net in nets for b in net.buffers())
         method.student = _StandIn(student, self.fake, trace, "student")

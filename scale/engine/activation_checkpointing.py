@@ -14,7 +14,16 @@ names are unchanged). Being a function of the forward rather than module hooks, 
 DeepSpeed (their hooks stay around the block's call), with several forwards of the same blocks per step
 (multi-crop), and with engine.compile: the checkpoint is traced inside the compiled block, where the compiler's
 partitioner recomputes what the policy says (scale/engine/compile.py).
+
+Selective checkpointing runs with autocast's cache of weight casts off. With it on, a block called a second time in
+one autocast region (DINO's local crops after its global ones) reuses the first call's cast of each weight and skips
+the cast op, which that call's recompute then makes: selective checkpointing counts every op of the forward and
+refuses the backward (pytorch/pytorch#193338, open). Uncached, each call and its recompute cast alike (the checkpoint
+records the cache setting for its recompute). It costs a cast per weight per call instead of per region where the
+weights are left to autocast; the DDP engine's bf16 student (scale/engine/lowp.py) holds them cast already.
 """
+
+import contextlib
 
 import torch
 from torch import nn
@@ -80,8 +89,25 @@ class Checkpointed:
         self.forward, self.selective = forward, selective
 
     def __call__(self, *args, **kwargs):
-        context = {"context_fn": selective_context} if self.selective else {}
-        return checkpoint(self.forward, *args, use_reentrant=False, **context, **kwargs)
+        if not self.selective:
+            return checkpoint(self.forward, *args, use_reentrant=False, **kwargs)
+        with autocast_cache_off():
+            return checkpoint(self.forward, *args, use_reentrant=False, context_fn=selective_context, **kwargs)
+
+
+@contextlib.contextmanager
+def autocast_cache_off():
+    """Autocast's cache of weight casts off, for a selectively checkpointed call (module docstring). Traced by the
+    compiler, a block has no cache to keep consistent: left as it is."""
+    if torch.compiler.is_compiling():
+        yield
+        return
+    cached = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(cached)
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str, every_n: int) -> int:

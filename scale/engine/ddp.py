@@ -13,7 +13,6 @@ from scale.methods.base import Method
 
 class DDPEngine(TorchEngine):
     kind = "ddp"
-    lowp_weights = True
 
     def wrap(self, method: Method, meta: bool) -> None:
         if meta:

@@ -18,6 +18,17 @@ SETTINGS = {
     "zero3": {"kind": "deepspeed", "zero_stage": 3},
 }
 
+# settings whose engine runs the nets' forwards on copies of their Linear and Conv weights kept in the autocast dtype
+# (scale/engine/lowp.py): not FSDP2 (its mixed-precision policy casts the gathered weights once per forward) nor
+# DeepSpeed
+LOW_PRECISION_WEIGHTS = ("ddp",)
+
+
+def holds_low_precision_weights(setting: str, precision: str, compiled: bool) -> bool:
+    """Whether the engine of `setting` keeps those copies: in mixed precision, and not where engine.compile fuses
+    the casts into the compiled blocks."""
+    return setting in LOW_PRECISION_WEIGHTS and precision != "fp32" and not compiled
+
 
 def setting_overrides(label: str) -> list[str]:
     """Recipe overrides of an engine setting ('zero3' -> engine.kind=deepspeed engine.zero_stage=3)."""

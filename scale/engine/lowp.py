@@ -90,12 +90,27 @@ class FusedCast(torch.autograd.Function):
         given = [i for i, g in enumerate(grads) if g is not None]
         out: list = [None] * len(grads)
         if given:
-            # laid out as the parameter (what AccumulateGrad takes over without a copy)
-            fp32 = [torch.empty_like(ctx.masters[i]) for i in given]
+            fp32 = views_of_one_buffer([ctx.masters[i] for i in given])
             torch._foreach_copy_(fp32, [grads[i] for i in given])
             for i, g in zip(given, fp32, strict=True):
                 out[i] = g
         return (None, *out)
+
+
+ALIGN_BYTES = 128  # each view starts on a multiple: the alignment vectorised kernels (fused AdamW, foreach) load at
+
+
+def views_of_one_buffer(like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Uninitialised tensors laid out as `like` (a block's parameters, of one dtype and device: their shapes and
+    strides, what AccumulateGrad takes over as the gradient without a copy), views of one allocation instead of one
+    each. A parameter is dense, so its view spans its number of elements."""
+    step = max(ALIGN_BYTES // like[0].element_size(), 1)
+    offsets, end = [], 0
+    for t in like:
+        offsets.append(end)
+        end += -(-t.numel() // step) * step
+    flat = torch.empty(end, dtype=like[0].dtype, device=like[0].device)
+    return [flat.as_strided(t.shape, t.stride(), offset) for t, offset in zip(like, offsets, strict=True)]
 
 
 def block_of(module_name: str) -> str:

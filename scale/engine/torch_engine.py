@@ -21,6 +21,7 @@ from scale.engine.base import Engine
 from scale.engine.clip import clip_gradients
 from scale.engine.ema import ema_pairs, ema_update
 from scale.engine.guard import FiniteGuard, guarded_step
+from scale.engine.kinds import holds_low_precision_weights
 from scale.engine.lowp import LowPrecisionStudent, LowPrecisionTeacher
 from scale.engine.materialize import is_meta
 from scale.engine.parallel import ParallelContext
@@ -55,9 +56,6 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
 class TorchEngine(Engine):
     kind = ""
     sharded = False  # parameters are DTensor shards (FSDP2)
-    # the student's and the teacher's forwards read weights kept in the autocast dtype (scale.engine.lowp): where
-    # nothing else casts them once per forward (FSDP2's mixed-precision policy does)
-    lowp_weights = False
 
     def __init__(self, engine_cfg, optim_cfg, dist_info: ParallelContext, device: torch.device):
         self.cfg, self.optim_cfg, self.dist_info, self.device = engine_cfg, optim_cfg, dist_info, device
@@ -92,7 +90,8 @@ class TorchEngine(Engine):
                 broadcast_module(module, self.dist_info.dp_group)
         parallelize(method, self.cfg, self.precision, self.dist_info, lambda: self.wrap(method, meta))
         self._held = None
-        if self.lowp_weights and self.precision.mixed and not self.cfg.compile:
+        # the student's and the teacher's forwards read weights kept in the autocast dtype (scale.engine.lowp)
+        if holds_low_precision_weights(self.kind, self.cfg.precision, self.cfg.compile):
             if method.teacher is not None:
                 self.lowp_teacher = LowPrecisionTeacher(method.teacher, self.precision.dtype)
             # not with find_unused_parameters: DDP's search of the graph would reach every weight of a block through

@@ -10,8 +10,8 @@ from scale.engine.kinds import recipe_setting, setting_overrides
 @dataclass(frozen=True)
 class Setting:
     """An engine setting the planner predicts: engine (a key of scale.engine.kinds.SETTINGS, or "hsdp"),
-    activation checkpointing, micro-batch and accumulation, shard size; compile is carried for the label only (the
-    memory model does not depend on it)."""
+    activation checkpointing, micro-batch and accumulation, shard size; compile, for the label and for the weights the
+    DDP engine keeps in the autocast dtype when not compiled (scale.bench.plan.lowp_bytes)."""
 
     engine: str
     ac: str = "none"  # none | every_n | full | selective (selective is costed as none: an upper bound)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from scale.errors import UserError
 from scale.launch import slurm
-from scale.readback import LATEST, METRICS_LINE, RUN_CONFIG, BadFile, read_json_lines, read_line, read_yaml
+from scale.readback import LATEST, RUN_CONFIG, BadFile, read_line, read_metrics, read_yaml
 from scale.watch.heartbeat import EVERY_S, read_heartbeat
 
 RATE_WINDOW = 20  # metrics lines the throughput and ETA are averaged over
@@ -42,14 +42,6 @@ class RunStatus:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The lines of metrics.jsonl that read as records (the last one may be half-written while the run is going)."""
-    try:
-        return read_json_lines(path, METRICS_LINE, skip=True)
-    except OSError:
-        return []
 
 
 def train_section(config_path: Path) -> dict:
@@ -138,7 +130,7 @@ def _rate(records: list[dict]) -> float | None:
 def run_status(run_dir: str | Path, query_slurm: bool = True) -> RunStatus:
     root = Path(run_dir)
     status = RunStatus(run_dir=str(root))
-    records = read_metrics(root / "metrics.jsonl")
+    records = read_metrics(root / "metrics.jsonl", skip=True)
     status.total_steps = total_steps(root / "config.yaml")
     if records:
         last = records[-1]

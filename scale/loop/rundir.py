@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scale.errors import ConfigError
 from scale.nofollow import open_fd, open_text, refuse_links, write_atomic
-from scale.readback import METRICS_LINE, RUN_CONFIG, BadFile, read_json_lines, read_yaml
+from scale.readback import RUN_CONFIG, BadFile, read_yaml
 
 LOG_FORMAT = "%(asctime)s [rank %(rank)d] %(levelname)s %(name)s: %(message)s"
 
@@ -105,13 +105,6 @@ class _LogFile(logging.FileHandler):
 
     def _open(self):
         return open_text(self.baseFilename, "a")
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    return read_json_lines(path, METRICS_LINE, torn_tail=True)  # the last line: torn by a kill, or being written
 
 
 def write_json(path: str | Path, result: dict) -> Path:

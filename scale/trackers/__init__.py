@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scale.errors import ConfigError, UserError, is_disk_full
 from scale.nofollow import open_fd, write_atomic
-from scale.readback import METRICS_LINE, RUN_CONFIG, TRACKERS, BadFile, read_json, read_json_lines, read_yaml
+from scale.readback import RUN_CONFIG, TRACKERS, BadFile, read_json, read_metrics, read_yaml
 from scale.trackers.jsonl import JsonlSink
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ class Trackers:
         }
         if not behind:
             return
-        last = {record["step"]: record for record in read_metrics(metrics)}
+        last = {record["step"]: record for record in read_metrics(metrics, skip=True)}
         for name, held in behind.items():
             steps = [s for s in sorted(last) if held < s <= self.state.last_step]
             log.warning(
@@ -304,11 +304,6 @@ def scalars(record: dict) -> dict[str, float]:
         for k, v in record.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time")
     }
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """metrics.jsonl's records, through scale.readback's reader; a line a kill cut short is skipped."""
-    return read_json_lines(path, METRICS_LINE, skip=True) if path.exists() else []
 
 
 def attach_artifacts(root: Path, paths: list[Path]) -> None:

@@ -2,9 +2,12 @@
 `scale shards build` (with `verify` on what it wrote)."""
 
 import csv
+import hashlib
 import io
 import json
+import os
 import tarfile
+from pathlib import Path
 
 from PIL import Image
 
@@ -115,3 +118,29 @@ def test_every_input_file_is_used_or_listed_with_a_reason_and_empty_classes_are_
     assert "hidden" in rows[str(src / "cat/.DS_Store")] and "'.txt'" in rows[str(src / "dog/notes.txt")]
     assert "class folder" in rows[str(src / "README")] and "cannot identify" in rows[str(src / "cat/broken.jpg")]
     assert not any(" at 0x" in reason for reason in rows.values())
+
+
+def test_a_shards_record_describes_its_writers_own_bytes_when_another_writer_replaces_it_at_once(tmp_path, monkeypatch):
+    """Concurrent builds of one directory: another writer may rename its shard over the one this writer has just
+    renamed into place. The record (the .idx and the manifest's line) holds the checksum, size and members of the
+    bytes this writer wrote, read before its rename, not whatever stands at the name afterwards."""
+    rename = os.replace
+    mine = {}
+
+    def another_writer_follows(src, dst):
+        rename(src, dst)
+        if str(dst).endswith(".tar"):
+            mine[Path(dst).name] = Path(dst).read_bytes()
+            theirs = Path(dst).with_name(".theirs.tmp")
+            theirs.write_bytes(b"another writer's shard")
+            rename(theirs, dst)
+
+    monkeypatch.setattr(os, "replace", another_writer_follows)
+    src = make_imagefolder(tmp_path / "src")
+    manifest = build_shards(imagefolder(src), tmp_path / "out", shard_size=3, progress=False)
+    assert sorted(mine) == [s["name"] for s in manifest["shards"]]
+    for shard in manifest["shards"]:
+        own = mine[shard["name"]]
+        assert shard["sha256"] == hashlib.sha256(own).hexdigest() and shard["bytes"] == len(own)
+        record = json.loads((tmp_path / "out" / shard["index"]).read_text())
+        assert record["sha256"] == shard["sha256"] and len(record["members"]) == shard["count"]

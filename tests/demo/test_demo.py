@@ -10,7 +10,7 @@ import pytest
 
 import scale.demo
 from scale.demo import run_demo
-from scale.loop.rundir import read_metrics
+from scale.readback import read_metrics
 from tests import fork_server
 from tests.helpers_run import FORKED_RANKS
 from tests.trackers.offline_stores import mlflow_runs

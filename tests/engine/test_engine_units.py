@@ -322,3 +322,24 @@ def test_selective_checkpointing_recomputes_the_widening_matmuls_of_a_vit_block(
     assert set(recomputed["full"]) == {64, 192, 256}  # full checkpointing runs the narrow ones again too
     for name, grad in grads["none"].items():
         torch.testing.assert_close(grads["selective"][name], grad, rtol=0, atol=1e-6, msg=name)
+
+
+def test_selective_checkpointing_under_bf16_autocast_with_a_block_called_per_crop_resolution():
+    """DINO's step calls each block once per crop resolution in one autocast region. Autocast caches its cast of a
+    weight: the second call's forward skips the cast that its recompute then makes, and selective checkpointing,
+    which counts every op, refused the backward (pytorch/pytorch#193338). Gradients as without checkpointing, to
+    bf16 rounding (uncached, each call's weight gradient is cast back to fp32 before the two are summed)."""
+    torch.manual_seed(0)
+    vit = build_backbone(ModelConfig(name="vit_nano", patch_size=8, img_size=32, drop_path=0.0))
+    plain = nn.ModuleDict({"backbone": vit})
+    crops = [torch.randn(2, 3, 32, 32), torch.randn(4, 3, 16, 16)]
+    grads = {}
+    for mode in ("none", "selective"):
+        net = copy.deepcopy(plain)
+        apply_activation_checkpointing(net, mode, 1) if mode != "none" else None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = torch.cat([net["backbone"](x)["pooled"] for x in crops])
+        out.float().square().sum().backward()
+        grads[mode] = {n: p.grad for n, p in net.named_parameters()}
+    for name, grad in grads["none"].items():
+        torch.testing.assert_close(grads["selective"][name], grad, rtol=2e-2, atol=1e-2, msg=name)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from scale.bench.host import OpCounter, Phases
-from scale.engine.lowp import LowPrecisionStudent, LowPrecisionTeacher, block_of
+from scale.engine.lowp import LowPrecisionStudent, LowPrecisionTeacher, block_of, cast_parameters
 
 
 class TwoPassNet(nn.Module):
@@ -140,3 +140,26 @@ def test_lowp_teacher_gives_autocasts_outputs_and_follows_the_fp32_weights():
     assert not torch.equal(changed, expected)
     assert not lowp.shadow.training and not torch.equal(evaluated, changed)
     assert all(v.dtype != torch.bfloat16 for v in teacher.state_dict().values())  # checkpoints keep fp32
+
+
+def test_lowp_student_gradients_of_a_block_are_views_of_one_allocation():
+    """The fused cast's backward allocates one fp32 buffer per block, not one per weight; the parameters take its
+    views as their gradients without a copy (laid out as the parameters), and the next step's backward adds into
+    them (gradient accumulation) as into any gradient."""
+    torch.manual_seed(0)
+    student = TwoPassNet()
+    reference = copy.deepcopy(student)
+    lowp = LowPrecisionStudent(student, torch.bfloat16)
+    crops = [torch.randn(2, 3, 8), torch.randn(6, 3, 4)]
+    for _ in range(2):  # two micro-batches into the same gradients
+        _, grads = loss_and_grads(student, crops, lowp.region, per_crop=False)
+        _, expected = loss_and_grads(reference, crops, contextlib.nullcontext, per_crop=False)
+    storages: dict[str, set] = {}
+    cast = {id(p) for _, p in cast_parameters(student)}
+    for name, p in student.named_parameters():
+        if id(p) in cast and p.grad is not None:
+            assert p.grad.stride() == p.stride() and torch.equal(p.grad, expected[name]), name
+            storages.setdefault(block_of(name.rsplit(".", 1)[0]), set()).add(p.grad.untyped_storage().data_ptr())
+    assert sorted(storages) == ["blocks.0.1", "blocks.1.1", "embed", "head"]
+    assert all(len(s) == 1 for s in storages.values())  # one allocation per block
+    assert len(set.union(*storages.values())) == 4  # each its own

@@ -114,12 +114,33 @@ def _write_shard(job: tuple) -> dict:
                 f"--out directory (or delete {out_dir})"
             )
         return record
+    with replacing(final, binary=True, concurrent=True) as stream:
+        count, skipped = _write_tar(stream, items, label_kind, options)
+        stream.flush()
+        # the record describes this writer's bytes, read before the rename: once renamed, `final` may already be
+        # another writer's (concurrent builds of one directory)
+        written = stream.temporary
+        members, error = scan_tar(written)
+        assert error is None, f"{final}: {error}"  # we just wrote it
+        sha256, size = sha256_file(written), written.stat().st_size
+    record = {
+        "name": final.name,
+        "count": count,
+        "sha256": sha256,
+        "bytes": size,
+        "digest": digest,
+        "skipped": skipped,
+        "members": members,
+    }
+    write_atomic(idx_path, json.dumps(record), concurrent=True)
+    return record
+
+
+def _write_tar(stream, items: list, label_kind: str, options: dict) -> tuple[int, list]:
+    """The items' samples as a tar into `stream`; returns how many, and the items skipped with why."""
     skipped = []
     count = 0
-    with (
-        replacing(final, binary=True, concurrent=True) as stream,
-        tarfile.open(fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT) as tar,
-    ):
+    with tarfile.open(fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for item in items:
             key = item.key
             try:
@@ -137,19 +158,7 @@ def _write_shard(job: tuple) -> dict:
                 info.size, info.mtime, info.mode = len(payload), TAR_MTIME, 0o444
                 tar.addfile(info, io.BytesIO(payload))
             count += 1
-    members, error = scan_tar(final)
-    assert error is None, f"{final}: {error}"  # we just wrote it
-    record = {
-        "name": final.name,
-        "count": count,
-        "sha256": sha256_file(final),
-        "bytes": final.stat().st_size,
-        "digest": digest,
-        "skipped": skipped,
-        "members": members,
-    }
-    write_atomic(idx_path, json.dumps(record), concurrent=True)
-    return record
+    return count, skipped
 
 
 @dataclass(frozen=True)
