@@ -34,9 +34,6 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
-# a requeued job becomes eligible cred_expire seconds later, and then waited for the next backfill pass (every 30 s
-# by default: 13-38 s from requeue to start in the requeue tests); a pass every second starts it at once
-SchedulerParameters=bf_interval=1
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
