@@ -66,6 +66,13 @@ def group():
 # trained once on each worker that runs one of them, a launch of ~13 CPU s, where keeping their ~60 launches on one
 # worker left the other idle at the end.
 SHARED_SCOPES = ("tests/slurm/",)
+# The modules that load every recipe as it is share one worker and its cache of them (tests/helpers_recipes.py: each
+# recipe loaded once, not four times over), as one unit named after the longest of them.
+EVERY_RECIPE = (
+    "tests/recipes/test_recipes_smoke.py",
+    "tests/recipes/test_recipes_check.py",
+    "tests/bench/test_plan_submit_agree.py",
+)
 GPU_TESTS = "tests/gpu/"
 
 
@@ -75,6 +82,8 @@ def xdist_scope(nodeid: str) -> str:
         # one unit per test function and fixture parameter: a GPU module's runs share one device, and its module
         # fixtures (each a batch of runs in one process) are built on as many workers as there are units using them
         return nodeid.split("[", 1)[0] + "".join(p for p in ("[bf16", "[fp16") if p in nodeid)
+    if path in EVERY_RECIPE:
+        return EVERY_RECIPE[0]
     return next((shared for shared in SHARED_SCOPES if path.startswith(shared)), path)
 
 
@@ -87,7 +96,6 @@ LONGEST_FIRST = (
     "tests/checkpoint/test_steering_runs.py",
     "tests/demo/test_demo.py",
     "tests/tools/test_device_check.py",
-    "tests/recipes/test_recipes_check.py",
     "tests/test_quiet.py",
     "tests/checkpoint/test_disk_full.py",
     "tests/launch/test_launcher_signals.py",

@@ -10,9 +10,11 @@ import sys
 
 import pytest
 
+from scale.cli import main
 from scale.data import loader as data_loader
 from scale.engine.deepspeed import choose_accelerator
 from scale.launch.local import fresh_environment
+from tests.helpers_run import run_train
 
 # dino/table2/vit_s16 as it is (data.workers=4, fsdp2, bf16) but tiny: the embedded digits, vit_nano, 2 steps
 TINY_REAL = [
@@ -87,12 +89,15 @@ def test_real_recipe_trains_quietly(embedded_data, tmp_path, engine):
 
 
 @pytest.mark.slow
-def test_train_synthetic_data_needs_no_data(tmp_path):
+def test_train_synthetic_data_needs_no_data(tmp_path, monkeypatch, capsys):
+    """What is tested is the data, not the start-up of a process: the refusal is checked in this process and the
+    run forked from the preloaded launcher (tests/helpers_run.py); the launches above see what a user sees."""
+    monkeypatch.setenv("SCALE_DATA", str(tmp_path))
     run = tmp_path / "run"
-    args = ["train", "dino/table2/vit_s16", *TINY_REAL, "data.train=/no/such/shards", "--run-dir", str(run)]
-    refused = _scale(args, tmp_path)
-    assert refused.returncode == 2 and "data.train=/no/such/shards: no such directory" in refused.stderr
-    out = _scale([*args, "--synthetic-data", "--nproc", "2"], tmp_path)
+    recipe, overrides = "dino/table2/vit_s16", [*TINY_REAL, "data.train=/no/such/shards"]
+    assert main(["train", recipe, *overrides, "--run-dir", str(run)]) == 2
+    assert "data.train=/no/such/shards: no such directory" in capsys.readouterr().err
+    out = run_train(tmp_path, run, [*overrides, "--synthetic-data"], recipe=recipe)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "synthetic data" in out.stderr
     assert (run / "metrics.jsonl").read_text().count("\n") >= 1

@@ -103,12 +103,14 @@ def test_memory_predictions_within_15_percent_of_measured(group, recipe, engine,
     base = load_recipe(recipe, [f"engine.kind={engine}", "engine.precision=fp32"])
     if recipe.startswith("esvit"):
         base = smoke_overrides(base)  # Swin-nano, 32 px and 16 px crops, region loss on
+    # one trace for every batch and checkpointing mode: the trace runs its own batch without checkpointing
+    # (scale.bench.steptrace.trace_config), the planner scales it to each setting
+    trace = trace_step(base)
     for ac in ("none", "full"):
         peaks, prediction = {}, None
         for batch in batches:
             cfg = OmegaConf.merge(base, {"train": {"global_batch": batch}, "engine": {"activation_checkpointing": ac}})
             result = measured(cfg, group)
-            trace = trace_step(cfg)
             prediction = predict(
                 trace, Setting(engine, ac, micro_batch=batch), 1, "fp32", cfg.optim.name, 1e12, 1.0, 1e9
             )

@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 
 from scale.bench.measured import load_rows
 from scale.cli import main
-from scale.config import load_recipe
 from scale.engine.kinds import recipe_setting
 from scale.launch import slurm
 from scale.launch.layout import launch_setting
+from tests.helpers_recipes import loaded_recipe
 
 TINY_RECIPE = str(Path(__file__).with_name("tiny_dino.yaml"))  # engine fsdp2
 
@@ -73,7 +73,7 @@ def test_plan_and_submit_describe_the_same_run_for_every_recipe_on_2x8():
     options = slurm.SlurmOptions(nodes=2, gpus_per_node=8)
     names = all_recipes()
     for name in names:
-        cfg = load_recipe(name)
+        cfg = loaded_recipe(name)
         planned = launch_setting(cfg, [], 2, 8)
         task = slurm.shard_within_nodes(slurm.Task(Path("run"), []), cfg, options)
         submitted_cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(task.overrides))

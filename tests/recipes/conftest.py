@@ -3,9 +3,10 @@ import os
 
 import pytest
 
-from scale.config import list_recipes, load_recipe, recipe_name
+from scale.config import list_recipes, recipe_name
 from scale.recipes.check import missing_pieces
 from scale.recipes.smoke import ensure_smoke_data
+from tests.helpers_recipes import loaded_recipe
 
 ALL_RECIPES_ENV = "SCALE_ALL_RECIPES"
 
@@ -49,8 +50,8 @@ def smoke_skips() -> dict[str, str]:
     SCALE_ALL_RECIPES=1)."""
     skips, candidates, covered = {}, {}, set()
     for path in list_recipes():
-        cfg = load_recipe(str(path))
         name = recipe_name(path)
+        cfg = loaded_recipe(name)
         if missing_pieces(cfg):  # one reason for all, one line of -ra's summary
             skips[name] = "cannot smoke-run: needs a part not built yet (`scale recipes check` names it)"
         elif name.startswith(TRAINED_ELSEWHERE):

@@ -7,7 +7,7 @@ test runs smoke_run itself, as `scale recipes check --smoke` does, its ranks eac
 import pytest
 from omegaconf import OmegaConf
 
-from scale.config import list_recipes, load_recipe, recipe_name
+from scale.config import list_recipes, recipe_name
 from scale.config.load import from_dict
 from scale.errors import UserError
 from scale.recipes.check import missing_pieces
@@ -19,6 +19,7 @@ from scale.recipes.smoke import (
     tiny_model_name,
     write_smoke_recipe,
 )
+from tests.helpers_recipes import loaded_recipe
 from tests.helpers_run import run_train
 from tests.recipes.conftest import smoke_params, smoke_skips
 
@@ -29,7 +30,7 @@ RECIPES = [recipe_name(p) for p in list_recipes()]
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_smoke_shrink_keeps_code_path(name, tmp_path):
-    cfg = load_recipe(name)
+    cfg = loaded_recipe(name)
     if missing_pieces(cfg):
         with pytest.raises(UserError, match="cannot smoke-run, needs"):
             smoke_overrides(cfg, tmp_path)

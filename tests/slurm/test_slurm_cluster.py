@@ -17,16 +17,17 @@ from scale.launch import slurm
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
 # Stands in for `python -m scale.cli train RECIPE ... --run-dir DIR`: records each start, and on the first start
-# waits for SIGUSR1 or SIGTERM and exits as `scale train` does after its preemption checkpoint, rank 1 later.
+# waits for SIGUSR1 or SIGTERM and exits as `scale train` does after its preemption checkpoint, rank 1 later. Only
+# that start imports scale's exit status (scale.loop.preemption imports torch: ~2-5 CPU s a start).
 FAKE_TRAIN = """#!{python}
 import json, os, signal, sys, time
 from pathlib import Path
-from scale.loop.preemption import launcher_status
 run_dir = Path(sys.argv[sys.argv.index("--run-dir") + 1])
 rank, restart = os.environ["SLURM_PROCID"], os.environ.get("SLURM_RESTART_COUNT", "0")
 with open(run_dir / "starts", "a") as f:
     f.write(json.dumps([restart, rank, os.environ["SLURM_NTASKS"], os.environ["MASTER_ADDR"], *sys.argv[1:]]) + "\\n")
 if restart == "0" and os.environ.get("FAKE_TRAIN_WAIT"):
+    from scale.loop.preemption import launcher_status
     got = []
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda n, f: got.append(n))
