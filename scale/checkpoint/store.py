@@ -202,7 +202,12 @@ class CheckpointStore:
                 continue
             doomed.append(folder)
         for folder in doomed:
-            shutil.rmtree(folder, ignore_errors=True)
+            # renamed first: a kill inside the deletion leaves a `.tmp-` folder that the next save's prepare()
+            # removes, never a half-deleted step directory that each resume would report as damaged
+            gone = self.root / f"{TMP_PREFIX}removed-{folder.name}"
+            shutil.rmtree(gone, ignore_errors=True)
+            os.replace(folder, gone)
+            shutil.rmtree(gone, ignore_errors=True)
         return doomed
 
 
