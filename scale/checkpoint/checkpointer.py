@@ -12,7 +12,6 @@ failure instead of raising it mid-write (where the others would wait for it in a
 each phase (write, seal), and rank 0 removes the partial folder and says what failed (scale.checkpoint.diskspace).
 """
 
-import json
 import logging
 import shutil
 import threading
@@ -34,16 +33,12 @@ from scale.checkpoint.state import (
     write_states,
     write_torch,
 )
-from scale.checkpoint.store import CheckpointStore, epochs_done, file_sizes, step_name, step_of
+from scale.checkpoint.store import CheckpointStore, epochs_done, file_sizes, step_name
 from scale.engine.parallel import ParallelContext
 from scale.errors import UserError, os_error
 from scale.faults import maybe_fill_disk, maybe_inject
-from scale.nofollow import open_text
-from scale.readback import SAVES_LINE, BadFile, read_json_lines
 
 log = logging.getLogger(__name__)
-
-SAVES = "saves.jsonl"  # one line per sealed checkpoint (scale.readback's SAVES_LINE)
 
 
 class DcpWriter(FileSystemWriter):
@@ -209,7 +204,7 @@ class Checkpointer(Resumable):
     def _record(self, step: int, folder: Path, save_s: float, stall_s: float) -> None:
         """One line per sealed checkpoint in checkpoints/saves.jsonl: size, time to disk, and how long training
         waited for it (the whole save when synchronous; the staging copy when asynchronous)."""
-        self._append_save(
+        self.store.record_save(
             {
                 "step": step,
                 "bytes": sum(self.store.read_meta(folder)["files"].values()),
@@ -218,34 +213,6 @@ class Checkpointer(Resumable):
                 "async": bool(self.cfg.train.async_save),
             }
         )
-
-    def _append_save(self, record: dict) -> None:
-        with open_text(self.store.root / SAVES, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def _record_unrecorded(self) -> None:
-        """On rank 0 after a resume: a seal killed after its folder's rename and before its line (the `renamed` and
-        `latest` stages of scale.faults' `seal`) left a sealed checkpoint that saves.jsonl does not list; its line
-        is appended from its meta.json, the times it did not record left out (the schema's optional fields). Oldest
-        first, so that the last line stays the newest checkpoint's (the free-space estimate reads it)."""
-        path = self.store.root / SAVES
-        try:
-            recorded = {line["step"] for line in read_json_lines(path, SAVES_LINE, torn_tail=True)}
-        except FileNotFoundError:
-            recorded = set()
-        except (BadFile, OSError):
-            return  # only an estimate's record: the free-space check names a damaged one (scale.checkpoint.diskspace)
-        for folder in reversed(self.store.step_dirs()):
-            if step_of(folder) not in recorded and self.store.problem(folder) is None:
-                files = self.store.read_meta(folder)["files"]
-                self._append_save({"step": step_of(folder), "bytes": sum(files.values()), "from": "meta.json"})
-                log.info("%s: recorded the sealed checkpoint %s its killed seal left out", path, folder.name)
-
-    def resume(self) -> int:
-        step = super().resume()
-        if self.info.is_main:
-            self._record_unrecorded()
-        return step
 
     def close(self) -> None:
         self.wait()
