@@ -12,7 +12,6 @@ failure instead of raising it mid-write (where the others would wait for it in a
 each phase (write, seal), and rank 0 removes the partial folder and says what failed (scale.checkpoint.diskspace).
 """
 
-import json
 import logging
 import shutil
 import threading
@@ -38,7 +37,6 @@ from scale.checkpoint.store import CheckpointStore, epochs_done, file_sizes, ste
 from scale.engine.parallel import ParallelContext
 from scale.errors import UserError, os_error
 from scale.faults import maybe_fill_disk, maybe_inject
-from scale.nofollow import open_text
 
 log = logging.getLogger(__name__)
 
@@ -206,15 +204,15 @@ class Checkpointer(Resumable):
     def _record(self, step: int, folder: Path, save_s: float, stall_s: float) -> None:
         """One line per sealed checkpoint in checkpoints/saves.jsonl: size, time to disk, and how long training
         waited for it (the whole save when synchronous; the staging copy when asynchronous)."""
-        record = {
-            "step": step,
-            "bytes": sum(self.store.read_meta(folder)["files"].values()),
-            "save_s": save_s,
-            "stall_s": stall_s,
-            "async": bool(self.cfg.train.async_save),
-        }
-        with open_text(self.store.root / "saves.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self.store.record_save(
+            {
+                "step": step,
+                "bytes": sum(self.store.read_meta(folder)["files"].values()),
+                "save_s": save_s,
+                "stall_s": stall_s,
+                "async": bool(self.cfg.train.async_save),
+            }
+        )
 
     def close(self) -> None:
         self.wait()

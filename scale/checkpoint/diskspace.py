@@ -17,7 +17,7 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from scale.checkpoint.store import CheckpointStore
+from scale.checkpoint.store import SAVES, CheckpointStore
 from scale.errors import ConfigError, is_disk_full, os_error
 from scale.faults import active
 from scale.readback import SAVES_LINE, BadFile, read_json_lines
@@ -29,7 +29,7 @@ FREE_SOME_SPACE = "free some space (or lower train.keep_last) and run the same c
 def expected_bytes(checkpoints: Path) -> int | None:
     """The size of the last sealed checkpoint, which the next one will match; None before the first."""
     try:
-        saves = read_json_lines(checkpoints / "saves.jsonl", SAVES_LINE, torn_tail=True)
+        saves = read_json_lines(checkpoints / SAVES, SAVES_LINE, torn_tail=True)
     except BadFile as err:  # only an estimate: a damaged record costs the check, not the run (said once)
         if str(err) not in _WARNED:
             logging.getLogger(__name__).warning(

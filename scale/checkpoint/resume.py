@@ -297,7 +297,10 @@ class Resumable:
                 worst = self._worst(verdict)
             if worst == READABLE:
                 log.info("resumed from %s at step %d", folder, step)
-                return self._steered(step, steering)
+                start = self._steered(step, steering)
+                if self.info.is_main:
+                    self.store.record_unrecorded()  # a sealed step whose killed seal left saves.jsonl without it
+                return start
             if problem:
                 log.warning("skipping checkpoint %s: %s; trying the previous one", folder, problem)
             else:

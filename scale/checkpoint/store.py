@@ -16,14 +16,15 @@ from pathlib import Path
 
 from scale.checkpoint.checksum import checksums
 from scale.faults import maybe_inject_at
-from scale.nofollow import write_atomic
-from scale.readback import CHECKPOINT_META, BadFile, read_json
+from scale.nofollow import open_text, write_atomic
+from scale.readback import CHECKPOINT_META, SAVES_LINE, BadFile, read_json, read_json_lines
 
 log = logging.getLogger(__name__)
 
 META = "meta.json"
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
+SAVES = "saves.jsonl"  # one line per sealed checkpoint: size and times (scale.readback's SAVES_LINE)
 SET_ASIDE = "set_aside"  # checkpoints newer than the one a run resumed from: kept, out of retention's reach
 
 
@@ -108,6 +109,28 @@ class CheckpointStore:
         write_latest(self.root, final.name)
         maybe_inject_at("seal", step, "latest")
         return final
+
+    def record_save(self, record: dict) -> None:
+        """Append a sealed checkpoint's line to saves.jsonl (written by the checkpointer after commit())."""
+        with open_text(self.root / SAVES, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def record_unrecorded(self) -> None:
+        """After a resume, on one rank: a seal killed after its folder's rename and before its line (the `renamed`
+        and `latest` stages of scale.faults' `seal`) left a sealed checkpoint that saves.jsonl does not list; its
+        line is appended from its meta.json, the times it did not record left out (the schema's optional fields).
+        Oldest first, so that the last line stays the newest checkpoint's (the free-space estimate reads it)."""
+        path = self.root / SAVES
+        try:
+            recorded = {line["step"] for line in read_json_lines(path, SAVES_LINE, torn_tail=True)}
+        except FileNotFoundError:
+            recorded = set()
+        except (BadFile, OSError):
+            return  # only an estimate's record: the free-space check names a damaged one (scale.checkpoint.diskspace)
+        for folder in reversed(self.step_dirs()):
+            if step_of(folder) not in recorded and self.problem(folder) is None:
+                self.record_save({"step": step_of(folder), "bytes": sum(self.read_meta(folder)["files"].values())})
+                log.info("%s: recorded the sealed checkpoint %s, which its killed seal left out", path, folder.name)
 
     def step_dirs(self) -> list[Path]:
         return _step_dirs(self.root.glob("step_*"))
@@ -202,7 +225,12 @@ class CheckpointStore:
                 continue
             doomed.append(folder)
         for folder in doomed:
-            shutil.rmtree(folder, ignore_errors=True)
+            # renamed first: a kill inside the deletion leaves a `.tmp-` folder that the next save's prepare()
+            # removes, never a half-deleted step directory that each resume would report as damaged
+            gone = self.root / f"{TMP_PREFIX}removed-{folder.name}"
+            shutil.rmtree(gone, ignore_errors=True)
+            os.replace(folder, gone)
+            shutil.rmtree(gone, ignore_errors=True)
         return doomed
 
 

@@ -146,3 +146,37 @@ def test_retention_in_a_group_keeps_the_newest_and_the_ones_asked_for(tmp_path, 
     for step in (1, 2, 3, 4):
         saver.save(step)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [step_name(3), step_name(4)]  # keep_last 2
+
+
+class Killed(BaseException):
+    """Stands in for the SIGKILL of scale.faults: the save stops where rank 0 would die."""
+
+
+def saves_lines(root) -> list[dict]:
+    return [json.loads(line) for line in (root / "saves.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("stage", ["meta", "renamed", "latest"])
+def test_a_seal_killed_at_any_stage_leaves_one_saves_line_per_sealed_checkpoint(tmp_path, monkeypatch, stage):
+    """SCALE_FAULT=seal@4:STAGE (tools/soak's kill_in_seal): after the rename the checkpoint of step 4 is sealed
+    but its saves.jsonl line was never written; the resume appends it from its meta.json, once."""
+    saver, _ = checkpointer(tmp_path, torch.arange(4.0), async_save=False)
+    saver.save(2)
+    monkeypatch.setenv("SCALE_FAULT", f"seal@4:{stage}")
+
+    def die(pid, signum):
+        raise Killed
+
+    monkeypatch.setattr("scale.faults.os.kill", die)
+    with pytest.raises(Killed):
+        saver.save(4)
+    monkeypatch.undo()
+    for _ in range(2):  # a second resume (killed again before its next save) adds nothing
+        resumed, _ = checkpointer(tmp_path, torch.zeros(4), async_save=False)
+        assert resumed.resume() == (2 if stage == "meta" else 4)
+    kept = {int(p.name.split("_")[1]) for p in tmp_path.glob("step_*")}
+    assert [line["step"] for line in saves_lines(tmp_path)] == sorted(kept)
+    sealed = json.loads((tmp_path / step_name(max(kept)) / META).read_text())
+    assert saves_lines(tmp_path)[-1]["bytes"] == sum(sealed["files"].values())
+    resumed.save(6)
+    assert [line["step"] for line in saves_lines(tmp_path)] == [*sorted(kept), 6]

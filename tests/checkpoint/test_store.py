@@ -2,6 +2,8 @@
 last K and every M-th, a resumed run refuses a recipe whose shapes changed."""
 
 import logging
+import shutil
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -95,3 +97,29 @@ def test_a_kill_at_each_stage_of_a_seal_leaves_a_checkpoint_to_resume_from(tmp_p
     _save(store, 30)
     assert [p.name for p in store.candidates()][0] == step_name(30)
     assert not store.staging_dirs() and not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_kill_inside_retention_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
+    """A SIGKILL (or a one-rank run's Ctrl-C) while retention deletes an old checkpoint: what is left is no step
+    directory (a resume would skip it as damaged, with a warning, at every start) and the next save removes it."""
+    store = CheckpointStore(tmp_path)
+    for step in (10, 20):
+        (store.prepare(step) / "more.bin").write_bytes(b"y")  # two files: the kill comes between them
+        (store.staging_dir(step) / "weights.bin").write_bytes(b"x" * 100)
+        store.commit(step, {"engine": "fsdp2", "world_size": 2})
+    delete = shutil.rmtree
+
+    def killed_half_way(path, ignore_errors=False):
+        files = sorted(p for p in Path(path).rglob("*") if p.is_file())
+        if files:
+            files[0].unlink()
+            raise Killed
+        delete(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr("scale.checkpoint.store.shutil.rmtree", killed_half_way)
+    with pytest.raises(Killed):
+        store.retain(keep_last=1, keep_every=0)
+    monkeypatch.undo()
+    assert [p.name for p in store.step_dirs()] == [step_name(20)]
+    _save(store, 30)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [step_name(20), step_name(30)]
