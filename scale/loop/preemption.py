@@ -29,9 +29,16 @@ def launcher_status(status: int) -> int:
     return status
 
 
+# A closed terminal or dropped ssh session (SIGHUP) and Ctrl-C (SIGINT) at a run that is its own launcher (`scale
+# train` without --nproc, torchrun or srun): checkpoint and exit PREEMPTED_EXIT_CODE, as the ranks of `--nproc N` do
+# when the local launcher forwards these two as SIGTERM (scale.launch.local.run_ranks); a second Ctrl-C stops at once.
+OWN_LAUNCHER_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+
+
 class Preemption:
-    def __init__(self, signal_names: list[str], group: dist.ProcessGroup | None = None):
-        """`group`: the ranks that must stop together (the data-parallel group: every rank of the run)."""
+    def __init__(self, signal_names: list[str], group: dist.ProcessGroup | None = None, own_launcher: bool = False):
+        """`group`: the ranks that must stop together (the data-parallel group: every rank of the run).
+        `own_launcher`: this process was started by no launcher (see OWN_LAUNCHER_SIGNALS)."""
         self.received: str | None = None
         self.group = group
         for name in signal_names:
@@ -40,9 +47,18 @@ class Preemption:
                 raise UserError(f"train.preempt_signals: unknown signal '{name}' (e.g. SIGTERM, SIGUSR1)")
             signal.signal(sig, self._handle)
             ignore_at_exit([sig])  # a signal while the process exits must not kill it (exit 3 would become 128+n)
+        if own_launcher:
+            for sig in OWN_LAUNCHER_SIGNALS:
+                signal.signal(sig, self._handle_own)
+            ignore_at_exit(OWN_LAUNCHER_SIGNALS)
 
     def _handle(self, signum, _frame) -> None:
         self.received = signal.Signals(signum).name
+
+    def _handle_own(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.received:  # Ctrl-C after a stop signal: stop now, as Python would
+            signal.default_int_handler(signum, frame)
+        self.received = self.received or signal.Signals(signum).name
 
     def requested(self) -> bool:
         """True on every rank as soon as any rank received a signal (one tiny all-reduce per call)."""

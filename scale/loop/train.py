@@ -63,10 +63,11 @@ def main(recipe: str, overrides: list[str], run_dir: str | None = None, nproc: i
             argv = ["train", recipe, *overrides, "--run-dir", str(run.root), *flags]
             return spawn(nproc, argv, pass_fds=fds, env={CHECKED: "1"})
     quiet_full_disk_in_threads()
+    own_launcher = not already_launched()  # before init_parallel, which sets torchrun's variables for one process
     try:
         context, device = init_parallel(cfg.engine.shard_size)
         with hold_run_lock(run.root, context.dp_group, inherited=LAUNCH_MARK in os.environ):
-            return Trainer(cfg, run, context, device, synthetic, start).fit()
+            return Trainer(cfg, run, context, device, synthetic, start, own_launcher).fit()
     finally:
         shutdown()
 
@@ -130,9 +131,11 @@ class Trainer:
         device: torch.device,
         synthetic: bool = False,
         start: Start | None = None,
+        own_launcher: bool = False,
     ):
         """`synthetic`: random batches instead of the recipe's shards (scale.data.synthetic). `start`: what `main`
-        read of the run directory; read here when not given (a Trainer built without `main`)."""
+        read of the run directory; read here when not given (a Trainer built without `main`). `own_launcher`: no
+        launcher started this process (scale.loop.preemption.OWN_LAUNCHER_SIGNALS)."""
         start = start or read_start(run, cfg)
         self.cfg, self.run, self.info, self.device = cfg, run, info, device
         prepare_run_dir(cfg, run, info)
@@ -155,7 +158,7 @@ class Trainer:
         states = run_states(self.method, self.loader, self.step.monitors, info, cfg.train.seed)
         self.checkpointer = Checkpointer(run.checkpoints, cfg, info, self.engine, states)
         self.collapse = CollapseAlarm(cfg, self.steps_per_epoch, self.method.teacher_classes, info.dp_group)
-        self.preemption = Preemption(list(cfg.train.preempt_signals), info.dp_group)
+        self.preemption = Preemption(list(cfg.train.preempt_signals), info.dp_group, own_launcher)
         self.cadence = Cadence.of(cfg.train, self.steps_per_epoch, self.total_steps, validation)
         self.unread_keys: dict[int, list[str]] = {}  # this rank's sample keys of the steps since the guard's last read
 

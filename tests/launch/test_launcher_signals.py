@@ -1,5 +1,5 @@
 """`scale train --nproc 2` under a closed terminal, Ctrl-C and kill -9, and a second launch on a busy run directory:
-SIGHUP and one SIGINT checkpoint and exit 3, a second SIGINT stops at once, a signal while the launcher is still
+SIGHUP and one SIGINT checkpoint and exit 3 (Ctrl-C too at a run without --nproc, its own launcher), a second SIGINT stops at once, a signal while the launcher is still
 loading the recipe stops it with exit 3, no rank outlives the launcher, and one run directory has one live run."""
 
 import logging
@@ -21,10 +21,11 @@ LONG = TINY + ["train.max_steps=100000", "train.ckpt_every_steps=100000"]
 TIMEOUT = 300  # a guard against a hang on a loaded machine, never reached by a passing run
 
 
-def launch(data, run_dir, overrides=LONG) -> subprocess.Popen:
+def launch(data, run_dir, overrides=LONG, nproc: int = 2) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "scale.cli", "train", "demo/dino_tiny", *overrides, "--run-dir", str(run_dir)]
     err = open(run_dir.parent / f"{run_dir.name}.stderr", "w")
-    return subprocess.Popen([*cmd, "--nproc", "2"], env=clean_env(data), stderr=err, text=True)
+    cmd += ["--nproc", str(nproc)] if nproc > 1 else []
+    return subprocess.Popen(cmd, env=clean_env(data), stderr=err, text=True)
 
 
 def stderr_of(run_dir) -> str:
@@ -40,9 +41,9 @@ def wait_for(condition, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def training(run_dir) -> bool:
-    """Both ranks are past their first step (their preemption handlers are installed)."""
-    logs = [run_dir / "logs" / f"rank{r}.log" for r in (0, 1)]
+def training(run_dir, nproc: int = 2) -> bool:
+    """Every rank is past its first step (their preemption handlers are installed)."""
+    logs = [run_dir / "logs" / f"rank{r}.log" for r in range(nproc)]
     metrics = run_dir / "metrics.jsonl"
     return all(p.exists() for p in logs) and metrics.exists() and metrics.read_text().count("\n") >= 2
 
@@ -81,6 +82,17 @@ def test_hangup_or_one_ctrl_c_checkpoints_and_exits_3(embedded_data, tmp_path, s
     assert proc.wait(TIMEOUT) == PREEMPTED_EXIT_CODE, stderr_of(run_dir)[-3000:]
     assert not any(alive(pid) for pid in ranks)
     assert list((run_dir / "checkpoints").glob("step_*")), "no checkpoint on the signal"
+    assert "Traceback" not in stderr_of(run_dir)
+
+
+def test_one_ctrl_c_at_a_run_without_launcher_checkpoints_and_exits_3(embedded_data, tmp_path):
+    """Without --nproc the process is its own launcher: Ctrl-C does what it does to the ranks of --nproc 2."""
+    run_dir = tmp_path / "run"
+    proc = launch(embedded_data, run_dir, nproc=1)
+    wait_for(lambda: training(run_dir, nproc=1) or proc.poll() is not None, "training")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(TIMEOUT) == PREEMPTED_EXIT_CODE, stderr_of(run_dir)[-3000:]
+    assert list((run_dir / "checkpoints").glob("step_*")), "no checkpoint on Ctrl-C"
     assert "Traceback" not in stderr_of(run_dir)
 
 
