@@ -50,7 +50,7 @@ class Preemption:
         if own_launcher:
             for sig in OWN_LAUNCHER_SIGNALS:
                 signal.signal(sig, self._handle_own)
-            ignore_at_exit(OWN_LAUNCHER_SIGNALS)
+            ignore_at_exit([signal.SIGHUP])  # Ctrl-C stays Ctrl-C while the process exits: it is at a terminal
 
     def _handle(self, signum, _frame) -> None:
         self.received = signal.Signals(signum).name
