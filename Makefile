@@ -19,13 +19,11 @@ OLDEST_TORCH := torch==2.11.0 torchvision==0.26.0
 venv: $(STAMP)
 
 # DS_BUILD_OPS=0: DeepSpeed's CUDA ops are built just in time on a GPU node, never at install time.
-# --no-compile: pip byte-compiles every file it installs (torch alone: ~25 of ~55 CPU s of its install); Python compiles
-# the modules it imports on first use instead, a small share of them.
 # dali: the DALI wheel (~424 MB, ~25 s to install) runs its CPU mode in the tests; on a GPU node it decodes on the GPU.
 $(STAMP): setup.cfg pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --no-compile -e '.[test,demo,trackers,deepspeed,dali]'
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -e '.[test,demo,trackers,deepspeed,dali]'
 	touch $(STAMP)
 
 venv-oldest: $(OLDEST_STAMP)
@@ -38,14 +36,14 @@ venv-oldest-torch: $(OLDEST_TORCH_STAMP)
 $(OLDEST_TORCH_STAMP):
 	test -d $(OLDEST_VENV) || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_BIN)/pip install --quiet --upgrade pip
-	$(OLDEST_BIN)/pip install --quiet --no-compile $(OLDEST_TORCH)
+	$(OLDEST_BIN)/pip install --quiet $(OLDEST_TORCH)
 	touch $(OLDEST_TORCH_STAMP)
 
 # The same extras as .venv but dali: DALI does not depend on the torch release, and its tests skip cleanly without it
 # (the full suite on .venv runs them); leaving it out saves ~1 GB and ~25 s. torch and torchvision are pinned on the
 # same pip command as scale so that the resolver never replaces them with the newest release.
 $(OLDEST_STAMP): setup.cfg pyproject.toml $(OLDEST_TORCH_STAMP)
-	DS_BUILD_OPS=0 $(OLDEST_BIN)/pip install --quiet --no-compile $(OLDEST_TORCH) -e '.[test,demo,trackers,deepspeed]'
+	DS_BUILD_OPS=0 $(OLDEST_BIN)/pip install --quiet $(OLDEST_TORCH) -e '.[test,demo,trackers,deepspeed]'
 	touch $(OLDEST_STAMP)
 
 demo: $(STAMP)
