@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from scale.errors import PREEMPTED_EXIT_CODE, UserError
-from scale.launch.local import ignore_at_exit
+from scale.launch.local import AS_SIGNAL, ignore_at_exit
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def launcher_status(status: int) -> int:
 # A closed terminal or dropped ssh session (SIGHUP) and Ctrl-C (SIGINT) at a run that is its own launcher (`scale
 # train` without --nproc, torchrun or srun): checkpoint and exit PREEMPTED_EXIT_CODE, as the ranks of `--nproc N` do
 # when the local launcher forwards these two as SIGTERM (scale.launch.local.run_ranks); a second Ctrl-C stops at once.
-OWN_LAUNCHER_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+OWN_LAUNCHER_SIGNALS = tuple(AS_SIGNAL)  # the signals the local launcher turns into SIGTERM for its ranks
 
 
 class Preemption:
