@@ -14,10 +14,9 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from scale.engine.base import MEMORY_KEYS as KEYS
 from scale.engine.kinds import SETTINGS
 from scale.engine.parallel import ParallelContext, parallel_context
-
-KEYS = ("params", "grads", "optimizer", "teacher", "total")
 
 
 def measure_one(cfg, info: ParallelContext, device: torch.device) -> dict[str, int]:

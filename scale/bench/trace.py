@@ -25,7 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from scale.bench.steptrace import TRACE_IMAGES, BlockCall, StepTrace, trace_config
 from scale.data.synthetic import SyntheticLoader
 from scale.engine.activation_checkpointing import part_blocks
-from scale.engine.base import Engine
+from scale.engine.base import MEMORY_KEYS, Engine
 from scale.engine.lowp import cast_parameters
 from scale.engine.parallel import ParallelContext
 from scale.engine.params import named_parameters
@@ -241,7 +241,7 @@ class TracingEngine(Engine):
         pass  # fake teacher weights: nothing to average
 
     def memory(self) -> dict[str, int]:
-        return dict.fromkeys(("params", "grads", "optimizer", "teacher", "total"), 0)
+        return dict.fromkeys(MEMORY_KEYS, 0)
 
     def export_state_dict(self, which: str = "teacher") -> dict[str, torch.Tensor]:
         raise NotImplementedError("a traced step has fake weights: nothing to export")

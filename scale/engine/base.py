@@ -15,6 +15,10 @@ def no_phase(name: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+# what Engine.memory() reports, in this order (`scale bench`, the memory report and the planner compare them)
+MEMORY_KEYS = ("params", "grads", "optimizer", "teacher", "lowp", "total")
+
+
 class Engine(abc.ABC):
     optimizer: torch.optim.Optimizer
     # entered around the parts of `step` ("clip", "guard", "optimizer"): TrainStep sets its own phase hook here
@@ -70,7 +74,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def memory(self) -> dict[str, int]:
-        """Bytes of parameters, gradients and optimizer state held by this rank."""
+        """Bytes held by this rank, by MEMORY_KEYS: parameters, gradients, optimizer state, the EMA teacher, the
+        weights kept in the autocast dtype, and their total."""
 
     # --- checkpointing (used by scale/checkpoint) ---
     # Engines whose state goes through torch.distributed.checkpoint (DDP, FSDP2) return DCP-ready nested dicts

@@ -372,6 +372,7 @@ class DeepSpeedEngine(Engine):
             "grads": grads,
             "optimizer": sum(nbytes(m) for m in separate_master) + state,
             "teacher": sum(nbytes(t) for t in teacher),
+            "lowp": 0,  # DeepSpeed casts inside its own engine (bf16/fp16 weights are `params`)
         }
         report["total"] = sum(report.values())
         return report

@@ -176,7 +176,8 @@ class TorchEngine(Engine):
         return self._held
 
     def memory(self) -> dict[str, int]:
-        """Bytes this rank holds; gradients counted at their size after backward (fp32, local shards)."""
+        """Bytes this rank holds; gradients counted at their size after backward (fp32, local shards); "lowp": the
+        weights kept in the autocast dtype (scale.engine.lowp)."""
         student = self.method.student
         grads = sum(nbytes(p) for p in student.parameters() if p.requires_grad)
         report = {
@@ -184,6 +185,9 @@ class TorchEngine(Engine):
             "grads": grads,
             "optimizer": optimizer_bytes(self.optimizer),
             "teacher": model_bytes(self.method.teacher),
+            "lowp": sum(
+                nbytes(t) for shadowed in (self.lowp_student, self.lowp_teacher) if shadowed for t in shadowed.lowp
+            ),
         }
         report["total"] = sum(report.values())
         return report

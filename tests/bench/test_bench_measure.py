@@ -54,7 +54,7 @@ def test_bench_command_prints_one_row_per_setting_and_writes_json(tmp_path, caps
         assert row["phases"]["forward"] > 0 and row["phases"]["backward"] > 0 and row["phases"]["optimizer"] > 0
         assert sum(row["phases"].values()) == pytest.approx(row["step_s"], rel=1e-6)
         state = row["state"]
-        assert state["total"] == state["params"] + state["grads"] + state["optimizer"] + state["teacher"]
+        assert state["total"] == sum(v for k, v in state.items() if k != "total")
         assert row["peak_bytes"] > state["total"] and 0 < row["mfu"] < 1
         assert row["rss_peak_bytes"] > row["peak_bytes"]
     assert rows[1]["peak_bytes"] < rows[0]["peak_bytes"]  # checkpointing frees activations
@@ -81,6 +81,18 @@ def test_bench_still_routes_data_and_reports_bad_recipes(capsys):
 
 def measured(cfg, group) -> dict:
     return bench_config(cfg, *group, steps=1, warmup=0, synthetic=True, count_flops=False)
+
+
+def test_the_weights_held_in_bf16_are_reported_as_the_planner_counts_them(group):
+    """DDP in bf16 keeps the student's and the teacher's Linear and Conv weights in bf16 (scale.engine.lowp):
+    Engine.memory()'s "lowp" is what the planner predicts; FSDP2 holds none between steps."""
+    base = load_recipe(TINY_RECIPE, ["train.global_batch=2", "engine.precision=bf16"])
+    trace = trace_step(base)
+    for engine in ("ddp", "fsdp2"):
+        held = measured(OmegaConf.merge(base, {"engine": {"kind": engine}}), group)["state"]
+        predicted = predict(trace, Setting(engine, micro_batch=2), 1, "bf16", base.optim.name, 1e12, 1.0, 1e9)
+        assert held["lowp"] == predicted.memory["lowp"], engine
+        assert (held["lowp"] > 0) == (engine == "ddp")
 
 
 def test_compile_time_is_reported_apart_from_the_step_time(group):
