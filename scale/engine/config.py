@@ -13,9 +13,9 @@ class EngineConfig:
     # refused by both
     kind: str = choice("fsdp2", tuple(KINDS), resume=NOTED)
     # fsdp2 on a shard group of one rank (one GPU, or shard_size 1: plain replication) runs as ddp, the same step
-    # without FSDP2's DTensor dispatch on every op (over twice the host time per step on one GPU) and with ddp's
-    # fused low-precision weight copies; the start-up line says so (scale.engine.kinds.runs_as). false: keep FSDP2
-    # (to study FSDP2 itself on one GPU)
+    # without FSDP2's hooks and DTensor parameters (about half the device launches of a ViT-S/16 step) and with
+    # ddp's fused low-precision weight copies; the start-up line says so (scale.engine.kinds.runs_as). false: keep
+    # FSDP2 (to study FSDP2 itself on one GPU)
     unsharded_ddp: bool = True
     # the training precision: fp32, bf16, fp16 (GPU only)
     precision: str = choice("fp32", listed_in("scale.engine.precision", "DTYPES", ("fp32", "bf16", "fp16")))

@@ -48,9 +48,10 @@ CHECKPOINT_FORMATS = {"ddp": "DCP", "fsdp2": "DCP", "deepspeed": "DeepSpeed's ow
 def runs_as(kind: str, world: int, shard_size: int, unsharded_ddp: bool = True) -> str:
     """The kind that runs engine.kind `kind` on `world` ranks, the one rule the engine's build, the start-up line,
     `scale plan` and `scale submit` apply: FSDP2 whose shard group is one rank (one rank in all, or
-    engine.shard_size 1: plain replication) shards nothing yet dispatches every op through DTensor (ViT-S/16 bf16 on
-    one rank: 3,094 launching ops a step against DDP's 2,171, over twice the host time), so DDP runs the same step
-    (with its fused low-precision weight copies) unless engine.unsharded_ddp is false."""
+    engine.shard_size 1: plain replication) shards nothing yet pays for FSDP2's hooks and DTensor parameters on
+    every step (DINO ViT-S/16 bf16 on one CPU rank, `scale bench host`: 2,802 ops that launch device work a step,
+    DDP 1,440), so DDP runs the same step (with its fused low-precision weight copies) unless engine.unsharded_ddp
+    is false."""
     if kind == "fsdp2" and unsharded_ddp and (world == 1 or shard_size == 1):
         return "ddp"
     return kind
