@@ -120,4 +120,5 @@ def test_exported_teacher_backbone_loads_into_timm_strictly(reference, tmp_path)
     model.load_state_dict(load_file(str(out)), strict=True)
     summary = info(reference)
     assert summary["step"] == STEPS and summary["world_size"] == 2 and summary["engine"] == "fsdp2"
+    assert summary["recipe_engine"] == "fsdp2"  # the recipe's engine.kind, beside the one that ran
     assert summary["teacher_tensors"] > 0 and len(summary["model_checksum"]) == 16
