@@ -19,6 +19,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from scale.engine.kinds import describe
+
 # the training step's phases, in order (TrainStep and the engine enter them; "other" is outside every phase)
 PHASES = ("data", "forward", "backward", "guard", "clip", "optimizer", "ema", "metrics", "other")
 COUNTS = ("ops", "launching", "copies", "casts", "dtensor", "syncs")
@@ -218,7 +220,8 @@ def host_budget(cfg, info, device, steps: int = 3, warmup: int = 1, synthetic: b
     sync()
     rows = {p: {**{k: counter.counts[p][k] for k in COUNTS}, "host_ms": ms[p]} for p in PHASES}
     rows["total"] = {k: sum(rows[p][k] for p in PHASES) for k in (*COUNTS, "host_ms")}
-    return {"phases": rows, "engine": cfg.engine.kind, "precision": cfg.engine.precision, "device": str(device)}
+    engine = describe(cfg.engine.kind, trainer.engine.kind, info.world_size)  # what ran: 'ddp (fsdp2 on one rank)'
+    return {"phases": rows, "engine": engine, "precision": cfg.engine.precision, "device": str(device)}
 
 
 def format_budget(result: dict) -> str:

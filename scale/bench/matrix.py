@@ -10,7 +10,7 @@ import itertools
 import re
 
 from scale.config import load_recipe
-from scale.engine.kinds import SETTINGS
+from scale.engine.kinds import SETTINGS, describe
 from scale.engine.kinds import setting_overrides as engine_overrides
 from scale.errors import UserError
 
@@ -147,6 +147,8 @@ def run_matrix(
     rows = []
     for setting, cfg in zip(settings, configs):
         row = bench_config(cfg, info, device, steps=steps, warmup=warmup, synthetic=synthetic)
-        rows.append({"label": label(setting), "setting": setting, **row})
+        ran = row["engine"]  # 'engine=fsdp2 [ddp (fsdp2 on one rank)]' where the kinds' rule ran another
+        why = "" if ran == cfg.engine.kind else f" [{describe(cfg.engine.kind, ran, info.world_size)}]"
+        rows.append({"label": label(setting) + why, "setting": setting, **row})
         gc.collect()
     return rows

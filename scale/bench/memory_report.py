@@ -15,13 +15,14 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from scale.engine.base import MEMORY_KEYS as KEYS
-from scale.engine.kinds import SETTINGS
+from scale.engine.kinds import SETTINGS, describe
 from scale.engine.parallel import ParallelContext, parallel_context
 
 
-def measure_one(cfg, info: ParallelContext, device: torch.device) -> dict[str, int]:
+def measure_one(cfg, info: ParallelContext, device: torch.device) -> tuple[dict[str, int], str]:
     """One training step (scale.loop.step.TrainStep, as training runs it) on one synthetic image per micro-batch and
-    rank, in the recipe's crop layout; then what the engine holds."""
+    rank, in the recipe's crop layout; then what the engine holds, and the engine kind that ran (fsdp2 on one rank
+    runs as ddp: scale.engine.kinds.runs_as)."""
     from scale.data.synthetic import SyntheticLoader
     from scale.loop.step import TrainStep
 
@@ -29,14 +30,15 @@ def measure_one(cfg, info: ParallelContext, device: torch.device) -> dict[str, i
     step = TrainStep(cfg, info, device, lambda: SyntheticLoader(cfg, info.rank, info.world_size), "", 1)
     step(0, step.next_batch(step.batches())[0])  # optimizer state exists after the first step on every engine
     held = step.engine.memory()
+    ran = step.engine.kind
     del step
     gc.collect()
-    return held
+    return held, ran
 
 
 def measure(cfg, engines: list[str]) -> dict[str, dict[str, int]]:
     """Collective: for each engine setting (scale.engine.kinds.SETTINGS), the largest per-rank bytes of each
-    memory() entry."""
+    memory() entry, and under "engine" what ran ('ddp (fsdp2 on one rank)')."""
     from scale.engine.dist import detect, device_for
 
     info = detect()
@@ -46,10 +48,11 @@ def measure(cfg, engines: list[str]) -> dict[str, dict[str, int]]:
         if label not in SETTINGS:
             raise ValueError(f"unknown engine '{label}' (expected one of {', '.join(SETTINGS)})")
         run_cfg = OmegaConf.merge(cfg, {"engine": SETTINGS[label]})
-        held = measure_one(run_cfg, parallel_context(info, device, run_cfg.engine.shard_size), device)
+        held, ran = measure_one(run_cfg, parallel_context(info, device, run_cfg.engine.shard_size), device)
         values = torch.tensor([held[k] for k in KEYS], dtype=torch.float64)
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
         report[label] = {k: int(v) for k, v in zip(KEYS, values.tolist())}
+        report[label]["engine"] = describe(run_cfg.engine.kind, ran, info.world_size)
     return report
 
 
@@ -61,7 +64,9 @@ def format_report(report: dict[str, dict[str, int]], world_size: int) -> str:
     ]
     for label, held in report.items():
         row = f"{label:8s}" + "".join(f"{held[k] / 2**20:12.1f}" for k in KEYS)
-        lines.append(row + (f"  {held['total'] / base:.3f}" if base else ""))
+        kind = SETTINGS.get(label, {}).get("kind", label)
+        ran = f"  runs as {held['engine']}" if held.get("engine", kind) != kind else ""
+        lines.append(row + (f"  {held['total'] / base:.3f}" if base else "") + ran)
     return "\n".join(lines)
 
 

@@ -236,8 +236,12 @@ def hardware_mfu(trace: StepTrace, model_mfu: float, ac: str, every_n: int = 2) 
 
 
 def engines_for(world: int, gpus_per_node: int) -> tuple[str, ...]:
-    """HSDP is a setting of its own only when the ranks span several nodes (on one node it is FSDP2)."""
-    return ENGINES if world > gpus_per_node else tuple(e for e in ENGINES if e != "hsdp")
+    """HSDP is a setting of its own only when the ranks span several nodes (on one node it is FSDP2) of several
+    GPUs; FSDP2 only on more than one rank: on a shard group of one rank either runs as DDP
+    (scale.engine.kinds.runs_as)."""
+    left = ("hsdp",) if world <= gpus_per_node or gpus_per_node == 1 else ()
+    left += ("fsdp2",) if world == 1 else ()
+    return tuple(e for e in ENGINES if e not in left)
 
 
 def candidates(per_gpu_batch: int, engines=ENGINES, shard_size: int = 0) -> list[Setting]:

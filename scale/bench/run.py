@@ -130,6 +130,7 @@ def measure_rank(cfg, info: ParallelContext, device: torch.device, steps: int, w
         "step_cpu_s_median": statistics.median(cpu_times),
         "phases": phases,
         "state": trainer.engine.memory(),
+        "engine": trainer.engine.kind,  # the kind that ran (fsdp2 on one rank runs as ddp: kinds.runs_as)
         "loss": read_record(record)["loss"],
         **memory.result(),
     }

@@ -88,7 +88,10 @@ class Checkpointer(Resumable):
         self._agree_written(step, prepared)  # also the barrier: the staging folder exists
         meta = {
             "epoch": epochs_done(step, self.loader.steps_per_epoch),  # as metrics.jsonl records it (scale status)
-            "engine": self.cfg.engine.kind,
+            # the kind that wrote the files (what resume checks), and the recipe's engine.kind where the one rule
+            # ran it as another (scale.engine.kinds.runs_as: fsdp2 as DDP on one rank)
+            "engine": self.engine.kind,
+            "recipe_engine": self.cfg.engine.kind,
             "world_size": self.info.world_size,
             "recipe": self.cfg.meta.name,
             "samples_seen": self.loader.state_dict().get("position"),

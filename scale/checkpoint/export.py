@@ -108,6 +108,7 @@ def info(path: str | Path, verify: bool = False) -> dict:
         "step": meta["step"],
         "epoch": meta.get("epoch"),
         "engine": meta["engine"],
+        "recipe_engine": meta.get("recipe_engine", meta["engine"]),  # older checkpoints: the same
         "world_size": meta["world_size"],
         "recipe": meta.get("recipe"),
         "samples_seen": meta.get("samples_seen"),

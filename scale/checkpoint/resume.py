@@ -30,6 +30,7 @@ from scale.config.fields import FIXED, NOTED
 from scale.config.load import from_dict
 from scale.config.schema import Recipe
 from scale.config.validate import get_key, schema_rules
+from scale.engine.kinds import CHECKPOINT_FORMATS
 from scale.errors import ConfigError, UserError
 from scale.nofollow import write_atomic
 from scale.readback import STEERING, BadFile, read_json
@@ -38,6 +39,18 @@ log = logging.getLogger(__name__)
 
 # what a rank found when it read its share of a checkpoint's files; the ranks agree on the worst
 READABLE, DAMAGED, UNSAFE = 0, 1, 2
+
+
+def check_format(folder: Path, written_by: str, runs: str) -> None:
+    """Refuse a checkpoint this run's engine cannot read: DDP and FSDP2 write and read the same DCP state on any
+    number of ranks (an fsdp2 recipe that ran as DDP on one GPU resumes as FSDP2 on eight, and back); DeepSpeed's
+    own files are another format."""
+    ours, theirs = CHECKPOINT_FORMATS[runs], CHECKPOINT_FORMATS[written_by]
+    if ours != theirs:
+        raise UserError(
+            f"{folder} was written by engine '{written_by}' ({theirs}), this run uses '{runs}' ({ours}): resume "
+            f"with engine.kind={written_by}"
+        )
 
 
 @dataclass(frozen=True)
@@ -365,11 +378,7 @@ class Resumable:
     def load(self, folder: Path, reset: tuple[str, ...] = ()) -> int:
         """Load `folder`; `reset` (train.reset) names the parts left fresh: 'optimizer' and 'data' are not read."""
         meta = self.store.read_meta(folder)
-        if meta["engine"] != self.cfg.engine.kind:
-            raise UserError(
-                f"{folder} was written by engine '{meta['engine']}', this run uses "
-                f"'{self.cfg.engine.kind}': resume with engine.kind={meta['engine']}"
-            )
+        check_format(folder, meta["engine"], self.engine.kind)
         optimizer = "optimizer" not in reset
         skip = tuple(name for part in reset for name in RESET_STATES.get(part, ()))
         if self.engine.native_checkpoint:

@@ -135,6 +135,7 @@ class Judgement:
     peak: float
     mfu: float  # hardware-FLOP fraction of the peak predict() uses
     mfu_note: str
+    runs_as: str = ""  # the engine that runs, where the recipe's engine.kind runs as another (scale.engine.kinds)
 
     @property
     def fits(self) -> bool:
@@ -149,7 +150,7 @@ class Judgement:
         used = self.own.memory["total"] / 2**30
         fits = "fits" if self.fits else "does NOT fit"
         return (
-            f"as `scale submit` launches it: {self.setting.label()}: {used:.1f} GiB per GPU of {limit:.1f} GiB "
+            f"as `scale submit` launches it: {self.setting.label()}{self.runs_as}: {used:.1f} GiB per GPU of {limit:.1f} GiB "
             f"({HEADROOM:.0%} of {self.gpu_mem:.1f}): {fits}; {self.own.step_s:.3f} s/step predicted "
             f"({'cached trace' if self.cached else 'traced'})"
         )
@@ -172,6 +173,7 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
     from scale.bench.mfu import card_key, table_peak
     from scale.bench.plan import hardware_mfu, predict
     from scale.bench.trace_cache import cached_trace
+    from scale.engine.kinds import describe, runs_as
     from scale.launch.layout import launch_setting
 
     gpu_mem, gpu_name, gpu_source = gpu_model(args)
@@ -192,8 +194,11 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
     per_gpu = cfg.train.global_batch // world
     common = (world, gpu_mem * 2**30, precision, cfg.optim.name, peak, mfu, args.bandwidth * 1e9)
     own = predict(trace, setting, *common[:1], *common[2:], gpus_per_node, args.inter_bandwidth * 1e9)
+    kind, shard_size = cfg.engine.kind, setting.shard_size or world
+    ran = runs_as(kind, world, shard_size, cfg.engine.unsharded_ddp)
+    why = f" (engine {describe(kind, ran, world)})" if ran != kind else ""
     return Judgement(
-        trace, cached, setting, own, common, per_gpu, world, gpus_per_node, gpu_mem, gpu_source, peak, mfu, note
+        trace, cached, setting, own, common, per_gpu, world, gpus_per_node, gpu_mem, gpu_source, peak, mfu, note, why
     )
 
 

@@ -2,14 +2,21 @@
 
 from dataclasses import dataclass
 
-from scale.config.fields import FIXED, above, at_least, below, choice, listed_in, within
+from scale.config.fields import FIXED, NOTED, above, at_least, below, choice, listed_in, within
 from scale.engine.kinds import KINDS, ZERO_STAGES
 
 
 @dataclass
 class EngineConfig:
-    # how the modules are wrapped and stepped: ddp | fsdp2 | deepspeed (Engines and the training step)
-    kind: str = choice("fsdp2", tuple(KINDS), resume=FIXED)
+    # how the modules are wrapped and stepped: ddp | fsdp2 | deepspeed (Engines and the training step). ddp and
+    # fsdp2 write the same DCP checkpoints, so a run may resume under the other (noted); deepspeed's own files are
+    # refused by both
+    kind: str = choice("fsdp2", tuple(KINDS), resume=NOTED)
+    # fsdp2 on a shard group of one rank (one GPU, or shard_size 1: plain replication) runs as ddp, the same step
+    # without FSDP2's hooks and DTensor parameters (about half the device launches of a ViT-S/16 step) and with
+    # ddp's fused low-precision weight copies; the start-up line says so (scale.engine.kinds.runs_as). false: keep
+    # FSDP2 (to study FSDP2 itself on one GPU)
+    unsharded_ddp: bool = True
     # the training precision: fp32, bf16, fp16 (GPU only)
     precision: str = choice("fp32", listed_in("scale.engine.precision", "DTYPES", ("fp32", "bf16", "fp16")))
     # fp16: the dynamic loss scale starts at 2**loss_scale_power (halved after each overflow, which skips that

@@ -5,7 +5,8 @@ clipping and the checkpointer: nothing past the training entry takes a plain Dis
 
 The ranks form a named 2-D DeviceMesh ("replicate", "shard"): groups of `shard_size` consecutive ranks (one node
 under Slurm) each hold one copy of the model sharded over the group, and the copies are replicated across groups
-(HSDP; shard_size = world size is plain FSDP, shard_size = 1 plain replication). Every rank is data-parallel, so the
+(HSDP; shard_size = world size is plain FSDP, shard_size = 1 plain replication, which engine.kind=fsdp2 runs as DDP:
+scale.engine.kinds.runs_as). Every rank is data-parallel, so the
 data-parallel group (the one the losses' collectives, SyncBatchNorm, the k-NN monitor and the step's agreements
 use) is every rank of the mesh; a later tensor- or sequence-parallel axis would shrink it, and only this module
 would change.

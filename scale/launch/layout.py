@@ -48,15 +48,19 @@ def overrides_key(overrides: list[str], key: str) -> bool:
 
 def launch_setting(cfg, overrides: list[str], nodes: int, ranks_per_node: int) -> Setting:
     """The setting `cfg` (loaded with `overrides`) runs with on `nodes` x `ranks_per_node` ranks: its engine laid
-    out by scale.engine.kinds.recipe_setting (several nodes: a sharding engine shards within a node), unless the
+    out by scale.engine.kinds.recipe_setting (several nodes: a sharding engine shards within a node; fsdp2 on one
+    rank per shard group: DDP), unless the
     command line sets engine.shard_size itself; its checkpointing, accumulation and compile as written."""
     engine = cfg.engine
     world = nodes * ranks_per_node
     shard_size = int(engine.shard_size)
+    unsharded_ddp = bool(engine.unsharded_ddp)
     if overrides_key(overrides, "engine.shard_size"):  # the user's own shard size, even 0 (all ranks)
-        name, _ = recipe_setting(engine.kind, engine.zero_stage, shard_size, 1, world)
+        name, _ = recipe_setting(engine.kind, engine.zero_stage, shard_size, 1, world, unsharded_ddp)
     else:
-        name, shard_size = recipe_setting(engine.kind, engine.zero_stage, shard_size, nodes, ranks_per_node)
+        name, shard_size = recipe_setting(
+            engine.kind, engine.zero_stage, shard_size, nodes, ranks_per_node, unsharded_ddp
+        )
     accum = int(engine.grad_accum)
     per_rank = int(cfg.train.global_batch) // max(world, 1)
     return Setting(

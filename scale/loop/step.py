@@ -21,8 +21,8 @@ from scale.engine import build_engine
 from scale.engine.base import Engine, no_phase
 from scale.engine.dist import seed_everything
 from scale.engine.guard import FiniteGuard
+from scale.engine.kinds import runs_as
 from scale.engine.parallel import ParallelContext
-from scale.errors import UserError
 from scale.loop.monitors import Monitors
 from scale.methods import build_method
 from scale.methods.base import StepContext
@@ -59,21 +59,24 @@ class TrainStep:
         if max_schedule_steps_per_epoch is not None:
             self.steps_per_epoch = min(self.steps_per_epoch, max_schedule_steps_per_epoch)
         self.total_steps = cfg.train.epochs * self.steps_per_epoch
+        # train.init_weights loads into a meta-device build once FSDP2 has sharded it; where fsdp2 runs as DDP
+        # (scale.engine.kinds.runs_as: one rank per shard group, which holds the whole net anyway) the nets are built
+        # off the meta device and loaded before the engine wraps them, as DDP's are
+        ran = runs_as(cfg.engine.kind, info.world_size, info.shard_size, cfg.engine.unsharded_ddp)
+        meta = cfg.engine.meta_init and not (init_weights and ran != "fsdp2")
         self.method = build_method(
             cfg,
             self.steps_per_epoch,
             self.total_steps,
-            device="meta" if cfg.engine.meta_init else None,
+            device="meta" if meta else None,
             dp_group=info.dp_group,
         )
         self.engine = make_engine(cfg.engine, cfg.optim, info, device)
         self.engine.phase = phase
-        if init_weights and not cfg.engine.meta_init:
+        if init_weights and not meta:
             load_init_weights(self.nets(), init_weights, cfg.train.init_what, sharded=False)
         self.engine.setup(self.method)
-        if init_weights and cfg.engine.meta_init:
-            if cfg.engine.kind != "fsdp2":
-                raise UserError("train.init_weights with engine.meta_init needs engine.kind=fsdp2")
+        if init_weights and meta:
             load_init_weights(self.nets(), init_weights, cfg.train.init_what, sharded=True)
         self.lr = lr_schedule(cfg.optim, cfg.train.global_batch, self.steps_per_epoch, self.total_steps)
         self.weight_decay = wd_schedule(cfg.optim, self.total_steps)

@@ -20,6 +20,7 @@ from scale.data.factory import build_loader
 from scale.data.loader import global_metrics
 from scale.data.spec import LoaderSpec
 from scale.engine.dist import detect, shutdown
+from scale.engine.kinds import describe as describe_engine
 from scale.engine.parallel import ParallelContext, init_parallel
 from scale.errors import PREEMPTED_EXIT_CODE, NonFiniteLoss
 from scale.faults import maybe_inject
@@ -209,7 +210,7 @@ class Trainer:
             self.steps_per_epoch,
             self.info.world_size,
             self.info.describe(),
-            self.cfg.engine.kind,
+            describe_engine(self.cfg.engine.kind, self.engine.kind, self.info.world_size),
         )
         self.resumed_at = start or None  # marked on the first logged line (the report's loss plot shows it)
         self.bar = progress_bar(total=stop, initial=start, enabled=self.info.is_main, desc="train")

@@ -85,8 +85,8 @@ def measured(cfg, group) -> dict:
 
 def test_the_weights_held_in_bf16_are_reported_as_the_planner_counts_them(group):
     """DDP in bf16 keeps the student's and the teacher's Linear and Conv weights in bf16 (scale.engine.lowp):
-    Engine.memory()'s "lowp" is what the planner predicts; FSDP2 holds none between steps."""
-    base = load_recipe(TINY_RECIPE, ["train.global_batch=2", "engine.precision=bf16"])
+    Engine.memory()'s "lowp" is what the planner predicts; FSDP2 (kept FSDP2 on this one rank) holds none."""
+    base = load_recipe(TINY_RECIPE, ["train.global_batch=2", "engine.precision=bf16", "engine.unsharded_ddp=false"])
     trace = trace_step(base)
     for engine in ("ddp", "fsdp2"):
         held = measured(OmegaConf.merge(base, {"engine": {"kind": engine}}), group)["state"]
@@ -112,7 +112,8 @@ def test_memory_predictions_within_15_percent_of_measured(group, recipe, engine,
     """State bytes as Engine.memory() counts them, peak tensor bytes with and without checkpointing, and activation
     bytes per image (the slope of the peak against the batch, over batches where activations dominate), on the
     CPU's tracked allocations."""
-    base = load_recipe(recipe, [f"engine.kind={engine}", "engine.precision=fp32"])
+    # engine.unsharded_ddp=false: FSDP2's own memory on this one rank, which would run as DDP (kinds.runs_as)
+    base = load_recipe(recipe, [f"engine.kind={engine}", "engine.precision=fp32", "engine.unsharded_ddp=false"])
     if recipe.startswith("esvit"):
         base = smoke_overrides(base)  # Swin-nano, 32 px and 16 px crops, region loss on
     # one trace for every batch and checkpointing mode: the trace runs its own batch without checkpointing

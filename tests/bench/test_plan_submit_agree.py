@@ -48,6 +48,27 @@ def test_plan_proposes_what_submit_runs(tmp_path, capsys):
     assert "as `scale submit` launches it: hsdp/4 ac=none" in out
 
 
+def test_plan_on_one_gpu_judges_an_fsdp2_recipe_as_the_ddp_that_runs(capsys):
+    """fsdp2 on one rank runs as DDP (scale.engine.kinds.runs_as): plan judges DDP's memory, its bf16 weight copies
+    (scale/engine/lowp.py) included, says why, and lists no FSDP2 row; engine.unsharded_ddp=false keeps FSDP2."""
+    from scale.bench.plan import predict
+    from scale.bench.trace import trace_step
+    from scale.config import load_recipe
+
+    cfg = load_recipe(TINY_RECIPE, ["engine.precision=bf16"])
+    setting = launch_setting(cfg, [], 1, 1)
+    trace = trace_step(cfg)
+    memory = predict(trace, setting, 1, "bf16", "adamw", 1e12, 1.0, 1e9).memory
+    assert setting.engine == "ddp" and memory["lowp"] == 2 * (trace.student_cast + trace.teacher_cast) > 0
+    kept = launch_setting(load_recipe(TINY_RECIPE, ["engine.precision=bf16", "engine.unsharded_ddp=false"]), [], 1, 1)
+    assert kept.engine == "fsdp2" and predict(trace, kept, 1, "bf16", "adamw", 1e12, 1.0, 1e9).memory["lowp"] == 0
+    args = ["plan", TINY_RECIPE, "engine.precision=bf16", "--gpus", "1", "--gpu-mem", "1", "--gpu-tflops", "10"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "as `scale submit` launches it: ddp ac=none micro=64 accum=1 (engine ddp (fsdp2 on one rank)):" in out
+    assert not any(line.startswith("fsdp2 ") for line in out.splitlines())
+
+
 def test_plan_gpu_memory_from_a_named_model_or_the_default(capsys):
     # the tiny recipe is fp32: an H100 SXM's fp32 peak
     assert main(["plan", TINY_RECIPE, "--gpus", "2", "--gpu", "h100-80gb"]) == 0

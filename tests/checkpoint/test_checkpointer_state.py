@@ -23,6 +23,7 @@ from scale.errors import UserError
 class Stateful:
     def __init__(self, **state):
         self.state, self.native_checkpoint, self.steps_per_epoch = state, False, 10
+        self.kind = "ddp"  # as an engine: the kind that writes the checkpoint (meta["engine"])
 
     def state_dict(self):
         return dict(self.state)
@@ -180,3 +181,29 @@ def test_a_seal_killed_at_any_stage_leaves_one_saves_line_per_sealed_checkpoint(
     assert saves_lines(tmp_path)[-1]["bytes"] == sum(sealed["files"].values())
     resumed.save(6)
     assert [line["step"] for line in saves_lines(tmp_path)] == [*sorted(kept), 6]
+
+
+def test_ddp_and_fsdp2_resume_each_others_checkpoints_and_deepspeeds_are_refused(tmp_path):
+    """DDP and FSDP2 write the same DCP state, so a run resumes under either (an fsdp2 recipe runs as DDP on one
+    rank: scale.engine.kinds.runs_as); DeepSpeed's own files are another format, refused both ways, naming both."""
+    saver, engine = checkpointer(tmp_path, torch.arange(4.0), async_save=False)
+    saver.cfg.engine.kind = "fsdp2"  # the recipe's kind; the engine that ran is the toy's, ddp
+    saver.save(3)
+    meta = json.loads((tmp_path / step_name(3) / META).read_text())
+    assert (meta["engine"], meta["recipe_engine"]) == ("ddp", "fsdp2")
+    for kind in ("fsdp2", "ddp"):
+        resumed, engine = checkpointer(tmp_path, torch.zeros(4), async_save=False)
+        engine.kind = kind
+        assert resumed.resume() == 3 and torch.equal(engine.state["w"], torch.arange(4.0))
+    refused, engine = checkpointer(tmp_path, torch.zeros(4), async_save=False)
+    engine.kind = "deepspeed"
+    with pytest.raises(UserError) as err:
+        refused.resume()
+    assert "written by engine 'ddp' (DCP), this run uses 'deepspeed' (DeepSpeed's own files)" in str(err.value)
+    assert str(err.value).endswith("resume with engine.kind=ddp")
+    (tmp_path / step_name(3) / META).write_text(json.dumps({**meta, "engine": "deepspeed"}))
+    refused, engine = checkpointer(tmp_path, torch.zeros(4), async_save=False)
+    with pytest.raises(
+        UserError, match=r"written by engine 'deepspeed' \(DeepSpeed's own files\), this run uses 'ddp'"
+    ):
+        refused.resume()

@@ -62,7 +62,8 @@ def perturbed(value, rule) -> list:
 
 
 # the sections the method's build reads; engine and optim shape only the optimizer's and engine's own files, and
-# declare what does (engine.kind, engine.zero_stage, optim.name) by hand
+# declare what does (engine.zero_stage, optim.name; engine.kind is NOTED: DDP and FSDP2 share the DCP format, and
+# the load refuses DeepSpeed's files by format) by hand
 BUILT_FROM = ("model.", "method.", "data.", "train.")
 
 

@@ -57,3 +57,25 @@ def test_mismatched_weights_fail_naming_the_file_before_any_rank_starts(embedded
     assert "does not fit the recipe's student" in out.stderr and "Traceback" not in out.stderr
     assert (" in the file, " in out.stderr) == (wrong == "shapes")  # names the key and both shapes
     assert not list((tmp_path / "run").glob("logs/rank*.log"))  # no rank was started
+
+
+def test_meta_init_on_one_rank_loads_into_the_ddp_that_runs(group, weights):
+    """fsdp2 with engine.meta_init on one rank runs as DDP (scale.engine.kinds.runs_as), which holds the whole net:
+    the nets are built off the meta device and the weights loaded before the engine wraps them, so that the
+    teacher's bf16 copies (scale.engine.lowp) hold the loaded weights from the first step on (in process)."""
+    from scale.data.synthetic import SyntheticLoader
+    from scale.engine.ddp import DDPEngine
+    from scale.loop.step import TrainStep
+
+    info, device = group
+    path, state = weights
+    fsdp2 = ["engine.kind=fsdp2", "engine.meta_init=true", "engine.precision=bf16"]
+    cfg = load_recipe("demo/dino_tiny", [*FROZEN, *fsdp2])
+    step = TrainStep(cfg, info, device, lambda: SyntheticLoader(cfg, 0, 1), init_weights=str(path))
+    assert isinstance(step.engine, DDPEngine)
+    for part in ("student", "teacher"):
+        loaded = step.engine.export_state_dict(part)
+        loaded = {k.removeprefix("backbone."): v for k, v in loaded.items() if k.startswith("backbone.")}
+        assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state), part
+    copies = step.engine.lowp_teacher
+    assert copies.masters and all(torch.equal(low, m.to(low.dtype)) for low, m in zip(copies.lowp, copies.masters))

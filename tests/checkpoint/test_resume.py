@@ -71,25 +71,31 @@ def test_preemption_signal_checkpoints_and_exits_for_requeue(embedded_data, tmp_
     assert max(losses(tmp_path)) == step + 2
 
 
-@pytest.mark.parametrize("world", [1, 4])
-def test_fsdp2_checkpoint_resumes_on_another_world_size(embedded_data, reference, tmp_path, world):
+def test_fsdp2_checkpoint_resumes_on_another_world_size(embedded_data, reference, tmp_path):
+    """The demo's fsdp2 recipe saved by FSDP2 on 2 ranks, resumed on one rank, where it runs as DDP
+    (scale.engine.kinds.runs_as), then on 4 ranks as FSDP2 again: both engines write and read the same DCP state."""
     import shutil
 
     shutil.copytree(reference, tmp_path, dirs_exist_ok=True)
-    if world == 1:  # the exact reshard on 4 ranks is tests/engine/test_engine_mesh_resume.py's
-        saved = final_state(tmp_path)
-        out = run_train(embedded_data, tmp_path, OVERRIDES, nproc=world)
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert "resumed from" in out.stderr
-        # nothing left to train: the re-saved state is the loaded state, exactly
-        assert_same_state(saved, final_state(tmp_path))
-    more = run_train(embedded_data, tmp_path, COMMON + [f"train.max_steps={STEPS + 2}"], nproc=world)
+    # the exact reshard on 4 ranks is tests/engine/test_engine_mesh_resume.py's
+    saved = final_state(tmp_path)
+    out = run_train(embedded_data, tmp_path, OVERRIDES, nproc=1)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed from" in out.stderr and "engine ddp (fsdp2 on one rank)" in out.stderr
+    # nothing left to train: the re-saved state is the loaded state, exactly
+    assert_same_state(saved, final_state(tmp_path))
+    more = run_train(embedded_data, tmp_path, COMMON + [f"train.max_steps={STEPS + 2}"], nproc=1)
     assert more.returncode == 0, more.stderr[-3000:]
     assert "resumed from" in more.stderr and max(losses(tmp_path)) == STEPS + 2
+    meta = json.loads((resolve(tmp_path) / "meta.json").read_text())
+    assert (meta["engine"], meta["recipe_engine"], meta["world_size"]) == ("ddp", "fsdp2", 1)
+    wider = run_train(embedded_data, tmp_path, COMMON + [f"train.max_steps={STEPS + 4}"], nproc=4)
+    assert wider.returncode == 0, wider.stderr[-3000:]
+    assert "resumed from" in wider.stderr and "engine fsdp2" in wider.stderr and max(losses(tmp_path)) == STEPS + 4
     # the data counters are the whole run's, summed over the ranks, at any world size (rank 0's own were half)
     batch = 16  # TINY's train.global_batch
     assert metric(reference, "data/samples")[STEPS] == STEPS * batch
-    assert metric(tmp_path, "data/samples")[STEPS + 2] == (STEPS + 2) * batch
+    assert metric(tmp_path, "data/samples")[STEPS + 4] == (STEPS + 4) * batch
 
 
 def test_exported_teacher_backbone_loads_into_timm_strictly(reference, tmp_path):
@@ -114,4 +120,5 @@ def test_exported_teacher_backbone_loads_into_timm_strictly(reference, tmp_path)
     model.load_state_dict(load_file(str(out)), strict=True)
     summary = info(reference)
     assert summary["step"] == STEPS and summary["world_size"] == 2 and summary["engine"] == "fsdp2"
+    assert summary["recipe_engine"] == "fsdp2"  # the recipe's engine.kind, beside the one that ran
     assert summary["teacher_tensors"] > 0 and len(summary["model_checksum"]) == 16

@@ -1,6 +1,8 @@
 """Checkpoints across mesh shapes (4 gloo ranks, FSDP2 through torch.distributed.checkpoint): a run saved on a 2x2
 HSDP mesh resumes on 1x4, 4x1 and one rank, and a 1-D 4-rank run resumes on 2x2, each continuing exactly like the
-uninterrupted single-process reference (the toy's batch of each step is fixed, so any difference is state)."""
+uninterrupted single-process reference (the toy's batch of each step is fixed, so any difference is state). On 4x1
+and on one rank the shard group is one rank, so fsdp2 runs as DDP (scale.engine.kinds.runs_as): those resume
+FSDP2's checkpoint under DDP."""
 
 import pytest
 import torch

@@ -43,7 +43,8 @@ CUDA_ATTENTION = {
 CPU_ATTENTION = {ATEN._scaled_dot_product_flash_attention_for_cpu.default}
 DEVICE_ATTENTION = CPU_ATTENTION if SELF_CHECK else CUDA_ATTENTION
 BACKEND = "aot_eager" if SELF_CHECK else "inductor"
-BF16 = {"kind": "fsdp2", "precision": "bf16"}
+# FSDP2 itself on one device, which would run as DDP (scale.engine.kinds.runs_as)
+BF16 = {"kind": "fsdp2", "precision": "bf16", "unsharded_ddp": False}
 RUNS = {
     "eager": BF16,
     "compiled": {**BF16, "compile": True, "compile_backend": BACKEND},

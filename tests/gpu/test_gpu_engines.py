@@ -24,7 +24,8 @@ pytestmark = pytest.mark.gpu
 METHODS = ["dino", "esvit", "mocov3", "drloc"]
 ENGINES = {
     "ddp": {"kind": "ddp"},
-    "fsdp2": {"kind": "fsdp2"},
+    # FSDP2 itself on one device, which would run as DDP (scale.engine.kinds.runs_as)
+    "fsdp2": {"kind": "fsdp2", "unsharded_ddp": False},
     "zero1": {"kind": "deepspeed", "zero_stage": 1},
     "zero2": {"kind": "deepspeed", "zero_stage": 2},
     "zero3": {"kind": "deepspeed", "zero_stage": 3},

@@ -89,6 +89,7 @@ INJECT = {"loss": (nan_at, "non-finite loss"), "gradient": (inf_grad_at, "non-fi
 def test_a_bad_step_skips_the_update_on_the_device_without_a_host_sync(group, engine, bad):
     info, device = group
     overrides = [*TINY, f"engine.kind={engine}", "train.grad_monitor_every=0", "data.prefetch_to_device=false"]
+    overrides.append("engine.unsharded_ddp=false")  # fsdp2: FSDP2 itself, not the DDP one device runs (kinds.runs_as)
     cfg = load_recipe("demo/dino_tiny", overrides)
     step = TrainStep(cfg, info, device, lambda: SyntheticLoader(cfg, info.rank, info.world_size))
     inject, kind = INJECT[bad]

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.gpu
 SWIN = {"name": "swin_nano", "patch_size": 2, "img_size": 32, "window_size": 4}
 RUNS = {
     "fp32_ddp": {"kind": "ddp"},
-    "fp32_fsdp2": {"kind": "fsdp2"},
-    "bf16_fsdp2": {"kind": "fsdp2", "precision": "bf16"},
+    # FSDP2 itself on one device, which would run as DDP (scale.engine.kinds.runs_as)
+    "fp32_fsdp2": {"kind": "fsdp2", "unsharded_ddp": False},
+    "bf16_fsdp2": {"kind": "fsdp2", "precision": "bf16", "unsharded_ddp": False},
 }
 
 

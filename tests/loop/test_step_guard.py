@@ -54,7 +54,8 @@ def state(step: TrainStep) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
 def test_a_nan_loss_never_reaches_weights_teacher_or_optimizer(group, engine):
     info, device = group
-    cfg = load_recipe("demo/dino_tiny", [*TINY, f"engine.kind={engine}"])
+    # engine.unsharded_ddp=false: FSDP2 itself, which one rank would run as DDP (scale.engine.kinds.runs_as)
+    cfg = load_recipe("demo/dino_tiny", [*TINY, f"engine.kind={engine}", "engine.unsharded_ddp=false"])
     step = TrainStep(cfg, info, device, lambda: SyntheticLoader(cfg, info.rank, info.world_size))
     nan_at(step.method, {1})
     batches = step.batches()
@@ -89,7 +90,8 @@ def run_trainer(tmp_path, monkeypatch, data, sabotage) -> tuple[str, RunDir]:
     """A 1-process run saving every 2 steps, logging rarely; `sabotage(trainer)` makes step index 3 bad."""
     monkeypatch.setenv("SCALE_DATA", str(data))
     overrides = [*TINY, "train.max_steps=8", "train.ckpt_every_steps=2", "train.log_every=100"]
-    cfg = load_recipe("demo/dino_tiny", [*overrides, "engine.kind=fsdp2", "train.preempt_check_every=100"])
+    fsdp2 = ["engine.kind=fsdp2", "engine.unsharded_ddp=false"]  # FSDP2 itself, not the DDP one rank would run
+    cfg = load_recipe("demo/dino_tiny", [*overrides, *fsdp2, "train.preempt_check_every=100"])
     info, device = init_parallel()
     run = RunDir(tmp_path / "run")
     trainer = Trainer(cfg, run, info, device)

@@ -27,6 +27,7 @@ def build_step(group, method: str, engine: str, *extra: str) -> TrainStep:
     overrides = [
         "train.global_batch=4",
         f"engine.kind={engine}",
+        "engine.unsharded_ddp=false",  # fsdp2: FSDP2 itself, which one rank would run as DDP (kinds.runs_as)
         "train.knn_monitor_every=0",
         "train.grad_monitor_every=0",
         *TINY[method],

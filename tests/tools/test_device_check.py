@@ -276,6 +276,8 @@ def test_the_summary_holds_each_stages_numbers(checked):
     measured = yaml.safe_load((out / "measured_rows.yaml").read_text())
     assert [list(row) for row in measured] == [CONTRACT_KEYS] * 2 and measured[0]["card"] == "cpu"
     assert measured[0]["setting"]["crops"] == "2x64+4x32" and len(summary["measured_rows"]) == 2
+    # the engine that ran: the tiny recipes' fsdp2 runs as DDP on one rank (scale.engine.kinds.runs_as)
+    assert [row["setting"]["engine"] for row in measured] == ["ddp", "ddp"]
     profile = stages["profile"]["result"]
     assert profile["step_ms"] > 0 and profile["trace"].startswith("trace.json.gz")
     data = stages["data"]["result"]
