@@ -46,7 +46,9 @@ def test_bench_command_prints_one_row_per_setting_and_writes_json(tmp_path, caps
     printed = capsys.readouterr().out
     assert "ac=none" in printed and "ac=full" in printed and "MFU" in printed
     rows = json.loads(out.read_text())
-    assert [r["label"] for r in rows] == ["ac=none", "ac=full"]
+    # the tiny recipe's fsdp2 on this one rank runs as DDP (scale.engine.kinds.runs_as): each row says so
+    assert [r["label"] for r in rows] == [f"ac={ac} [ddp (fsdp2 on one rank)]" for ac in ("none", "full")]
+    assert {r["engine"] for r in rows} == {"ddp"}
     for row in rows:
         assert row["crops_per_image"] == 6 and row["world"] == 1
         assert row["images_per_s"] == pytest.approx(4 / row["step_s"])
