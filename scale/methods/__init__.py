@@ -7,8 +7,6 @@ Imports are local so that importing `scale.methods.base` (the contract) and `sca
 schema, which `scale --help` imports) stays light: no torch here at module level.
 """
 
-import contextlib
-
 from scale.errors import UserError
 from scale.methods.registry import kind, method_class
 
@@ -31,8 +29,6 @@ def build_method(
     defaults to the model registry's `build_backbone(cfg.model, ...)`; teachers get drop_path=0. `dp_group`: the
     data-parallel group of the parallel context, over which the losses' collectives run (None: one process).
     `device`: a torch.device or its name."""
-    import torch
-
     if steps_per_epoch <= 0 or total_steps <= 0:
         raise UserError(f"steps_per_epoch ({steps_per_epoch}) and total_steps ({total_steps}) must be positive")
     cls = method_class(cfg.method.kind)
@@ -42,7 +38,9 @@ def build_method(
         def backbone_fn(drop_path=None):
             return build_backbone(cfg.model, drop_path=drop_path)
 
-    with torch.device(device) if device is not None else contextlib.nullcontext():  # heads too, not only backbones
+    from scale.models.registry import building_on
+
+    with building_on(device):  # heads too, not only backbones
         method = cls(cfg, steps_per_epoch, total_steps, backbone_fn)
     method.dp_group = dp_group
     return method
