@@ -12,13 +12,16 @@ torchtitan and DINOv3 compile (one graph per block, not the whole model).
   break is an error, not a silent slowdown. Heads, and blocks that hold a BatchNorm (ViT-BN, ResNet), may hold
   engine units of their own (FSDP2 makes each BatchNorm an fp32 unit under mixed precision) whose hooks run
   eagerly, so they may break: under FSDP2 with bf16 a ViT-BN block runs eagerly (seen on an H100).
+- A checkpointed block that holds a BatchNorm is not compiled: traced with its checkpoint inside, its backward saved
+  the running statistics that the next crop's forward updates in place, and failed ("modified by an inplace
+  operation"; MoCo v3's ViT-BN with two crops, CvT, ResNet).
 """
 
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from scale.engine import torch_compat
-from scale.engine.activation_checkpointing import part_blocks
+from scale.engine.activation_checkpointing import Checkpointed, part_blocks
 from scale.methods.base import Method
 
 # Dynamo keeps the graphs of one function's code together, whichever module calls it, and by default gives up
@@ -41,14 +44,14 @@ def holds_batchnorm(module: nn.Module) -> bool:
 
 
 def compile_net(net: nn.Module, backend: str) -> int:
-    """Compile every block of the net's parts and every part without blocks that holds parameters (the heads);
-    returns how many modules."""
+    """Compile every block of the net's parts (but a checkpointed one holding a BatchNorm: module docstring) and
+    every part without blocks that holds parameters (the heads); returns how many modules."""
     count = 0
     for part in net.children():
-        blocks = part_blocks(part)
+        blocks = [b for b in part_blocks(part) if not (holds_batchnorm(b) and isinstance(b.forward, Checkpointed))]
         for block in blocks:
             compile_forward(block, backend, fullgraph=not holds_batchnorm(block))
-        is_head = not blocks and any(True for _ in part.parameters())
+        is_head = not part_blocks(part) and any(True for _ in part.parameters())
         if is_head:
             compile_forward(part, backend, fullgraph=False)
         count += len(blocks) + is_head
