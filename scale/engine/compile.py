@@ -48,13 +48,15 @@ def compile_net(net: nn.Module, backend: str) -> int:
     every part without blocks that holds parameters (the heads); returns how many modules."""
     count = 0
     for part in net.children():
-        blocks = [b for b in part_blocks(part) if not (holds_batchnorm(b) and isinstance(b.forward, Checkpointed))]
+        blocks = part_blocks(part)
         for block in blocks:
-            compile_forward(block, backend, fullgraph=not holds_batchnorm(block))
-        is_head = not part_blocks(part) and any(True for _ in part.parameters())
-        if is_head:
+            batchnorm = holds_batchnorm(block)
+            if not (batchnorm and isinstance(block.forward, Checkpointed)):
+                compile_forward(block, backend, fullgraph=not batchnorm)
+                count += 1
+        if not blocks and any(True for _ in part.parameters()):  # a head
             compile_forward(part, backend, fullgraph=False)
-        count += len(blocks) + is_head
+            count += 1
     return count
 
 
