@@ -107,7 +107,7 @@ def test_preemption_signal_requeues_into_the_same_run_directory(recipe, tmp_path
     ]
     log = (job.run_dir / f"slurm-{job_id}.out").read_text()
     assert "(restart 0)" in log and "(restart 1)" in log  # appended across the requeue, not truncated
-    assert f"requeued job {job_id}" in (job.run_dir / f"slurm-{job_id}.err").read_text()
+    assert f"requeueing job {job_id}" in (job.run_dir / f"slurm-{job_id}.err").read_text()
 
 
 def test_scancel_stops_the_run_without_requeue(recipe, tmp_path, fake_train, monkeypatch):

@@ -85,7 +85,7 @@ def test_preempted_job_checkpoints_is_requeued_and_continues(data_env, tmp_path,
     assert info["jobstate"] == "COMPLETED", logs
     assert info["restarts"] == "1", logs
     err = (run_dir / f"slurm-{job_id}.err").read_text()
-    assert f"requeued job {job_id}" in err
+    assert f"requeueing job {job_id}" in err
     resumed = [line for line in err.splitlines() if "resumed from" in line]
     assert len(resumed) == 1, logs
     # the step count continues from the checkpoint: every step logged once, in order, up to the end
