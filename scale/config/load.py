@@ -5,11 +5,11 @@ command line), the dotted key, and what was expected.
 """
 
 import collections
-import copy
 import dataclasses
 import difflib
 import functools
 import hashlib
+import pickle
 import re
 import typing
 from collections.abc import Iterable
@@ -153,9 +153,20 @@ def _schema() -> DictConfig:
     return OmegaConf.structured(Recipe)
 
 
+def _copy(pickled: bytes) -> DictConfig:
+    """A config from pickle.dumps of one this process built (never bytes read from outside): unpickling a config
+    is ~4x faster than copy.deepcopy of it (OmegaConf copies node by node in Python), and gives the same config."""
+    return pickle.loads(pickled)
+
+
+@functools.cache
+def _schema_pickled() -> bytes:
+    return pickle.dumps(_schema())
+
+
 def defaults() -> DictConfig:
-    """A fresh copy of the schema's defaults (copying the one built config is ~7x faster than building one)."""
-    return copy.deepcopy(_schema())
+    """A fresh copy of the schema's defaults (copying the one built config is much faster than building one)."""
+    return _copy(_schema_pickled())
 
 
 def _renamed(raw: dict, where: str) -> dict:
@@ -359,7 +370,7 @@ def _states(entry, value) -> bool:
 # the chain's method.kind); a prefix of a chain is kept the second time it is merged, so that a process that loads
 # one recipe (a rank, `scale train`) pays no copy for it.
 MERGES_KEPT = 64
-_kept: collections.OrderedDict[str, tuple[DictConfig, dict[str, str]]] = collections.OrderedDict()
+_kept: collections.OrderedDict[str, tuple[bytes, dict[str, str]]] = collections.OrderedDict()  # (_copy, restated)
 _seen: set[str] = set()
 
 
@@ -389,8 +400,8 @@ def _merge_layers(layers: list[tuple[str, dict]], kind: Any, origins: Origins) -
 
 def _copy_kept(key: str) -> tuple[DictConfig, dict[str, str]]:
     _kept.move_to_end(key)
-    cfg, restated = _kept[key]
-    return copy.deepcopy(cfg), dict(restated)
+    pickled, restated = _kept[key]
+    return _copy(pickled), dict(restated)
 
 
 def _keep(key: str, cfg: DictConfig, restated: dict[str, str]) -> None:
@@ -399,7 +410,7 @@ def _keep(key: str, cfg: DictConfig, restated: dict[str, str]) -> None:
             _seen.clear()
         _seen.add(key)
         return
-    _kept[key] = (copy.deepcopy(cfg), dict(restated))
+    _kept[key] = (pickle.dumps(cfg), dict(restated))
     if len(_kept) > MERGES_KEPT:
         _kept.popitem(last=False)
 
