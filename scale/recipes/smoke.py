@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from scale.errors import UserError
 from scale.methods import has_class_head
@@ -115,6 +115,7 @@ def smoke_overrides(cfg: DictConfig, data_dir: Path | str | None = None) -> Dict
     if missing:
         raise UserError(f"{cfg.meta.name}: cannot smoke-run, needs " + "; ".join(missing))
     out = copy.deepcopy(cfg)  # keeps the typed schema: a mistyped assignment below would fail
+    OmegaConf.set_readonly(out, False)  # the copy of a read-only input (a cache's) is ours to change
     supervised = has_class_head(out)
     size = _shrink_views(out, supervised)
     _shrink_model(out, size)

@@ -7,7 +7,7 @@ that verdict and refuses a job that does not fit; the step time is calibrated fr
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, read_write
 
 from scale.bench.measured import load_rows
 from scale.cli import main
@@ -94,10 +94,11 @@ def test_plan_and_submit_describe_the_same_run_for_every_recipe_on_2x8():
     options = slurm.SlurmOptions(nodes=2, gpus_per_node=8)
     names = all_recipes()
     for name in names:
-        cfg = loaded_recipe(name)
+        cfg = loaded_recipe(name)  # read-only: plan and submit read it, neither changes it
         planned = launch_setting(cfg, [], 2, 8)
         task = slurm.shard_within_nodes(slurm.Task(Path("run"), []), cfg, options)
-        submitted_cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(task.overrides))
+        with read_write(cfg):  # OmegaConf.merge merges into a copy of cfg, which copies the flag
+            submitted_cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(task.overrides))
         assert launch_setting(submitted_cfg, task.overrides, 2, 8) == planned, name
         assert planned.ac == cfg.engine.activation_checkpointing and planned.grad_accum == cfg.engine.grad_accum
         assert planned.compile == cfg.engine.compile and task.shard_size == planned.shard_size, name

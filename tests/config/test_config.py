@@ -1,6 +1,7 @@
 """Recipes: inheritance, overrides and the error messages of every user mistake."""
 
 import pytest
+from omegaconf import OmegaConf
 
 from scale.checkpoint.resume import check_resumable
 from scale.cli import main
@@ -290,3 +291,55 @@ def test_train_checks_the_launch_before_spawning(recipes, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "dino/vit_s16", "train.global_batch=3", "--run-dir", str(run), "--nproc", "2"]) == 2
     assert "train.global_batch=3 is not divisible by 2 ranks" in capsys.readouterr().err
+
+
+# rows of the tree that share bases, restate a base's sourced value (demo), with the
+# overrides other tests load them with
+KEPT_MERGE_LOADS = [
+    ("dino/table2/vit_s16", []),
+    ("dino/table2/vit_s16", ["optim.lr=0.001", "engine.precision=bf16"]),
+    ("dino/table2/vit_b16", []),
+    ("demo/dino_tiny", []),
+    ("mocov3/table1/vit_bn_l7", ["engine.activation_checkpointing=full"]),
+    ("esvit/table1/swin_b_w7_lvlr", []),
+    ("drloc/table3/cvt_flowers102_drloc", []),
+    ("drloc/table3/swin_cifar100_baseline", []),
+]
+
+
+def test_a_kept_merge_of_a_chain_loads_what_merging_it_again_does(monkeypatch):
+    """load_recipe keeps the merge of a chain's files it merged twice and copies it on the next load
+    (scale.config.load._merge_layers): the config, its `sources` (restated values named file:line) byte for byte."""
+    import scale.config.load as load
+
+    monkeypatch.setattr(load, "_kept", type(load._kept)())
+    monkeypatch.setattr(load, "_seen", set())
+    with monkeypatch.context() as merging:
+        merging.setattr(load, "_keep", lambda *args: None)
+        fresh = [OmegaConf.to_yaml(load_recipe(name, overrides)) for name, overrides in KEPT_MERGE_LOADS]
+    for _ in range(2):  # seen, then kept
+        [load_recipe(name, overrides) for name, overrides in KEPT_MERGE_LOADS]
+    assert len(load._kept) >= len({name for name, _ in KEPT_MERGE_LOADS})
+    for (name, overrides), expected in zip(KEPT_MERGE_LOADS, fresh, strict=True):
+        assert OmegaConf.to_yaml(load_recipe(name, overrides)) == expected, name
+
+
+def test_a_kept_merge_follows_its_files(recipes):
+    """A base edited after it was kept is merged again (its text is in the key): its new value, the new line of a
+    value a row restates, and a value that does not fit still names the file."""
+    row = "base: ../_base/dino.yaml\nmodel: {name: vit_small}\noptim: {lr: 0.001}\n"
+    (recipes / "dino" / "row.yaml").write_text(row)
+    sourced = "sources: {optim.lr: [0.0005, 'DINO Sec. 4.1']}\n"
+    base = recipes / "_base" / "dino.yaml"
+    base.write_text(base.read_text() + sourced)
+    for _ in range(3):
+        cfg = load_recipe("dino/row")
+    assert cfg.sources["optim.lr"] == [0.001, f"set in {recipes / 'dino' / 'row.yaml'}:3"]
+    assert cfg.train.global_batch == 1024
+    (recipes / "dino" / "row.yaml").write_text("# the row\n" + row)  # the same values, a line lower
+    assert load_recipe("dino/row").sources["optim.lr"] == [0.001, f"set in {recipes / 'dino' / 'row.yaml'}:4"]
+    base.write_text(base.read_text().replace("global_batch: 1024", "global_batch: 512"))
+    assert load_recipe("dino/row").train.global_batch == 512
+    (recipes / "dino" / "row.yaml").write_text(row + "train: {epochs: three}\n")
+    with pytest.raises(UserError, match=r"row.yaml: 'train.epochs': expected int, got 'three'"):
+        load_recipe("dino/row")

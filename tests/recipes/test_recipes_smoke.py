@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from scale.config import list_recipes, recipe_name
-from scale.config.load import from_dict
+from scale.config.schema import Recipe
 from scale.errors import UserError
 from scale.recipes.check import missing_pieces
 from scale.recipes.smoke import (
@@ -30,14 +30,15 @@ RECIPES = [recipe_name(p) for p in list_recipes()]
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_smoke_shrink_keeps_code_path(name, tmp_path):
-    cfg = loaded_recipe(name)
+    cfg = loaded_recipe(name)  # read-only: smoke_overrides writing to its input raises
     if missing_pieces(cfg):
         with pytest.raises(UserError, match="cannot smoke-run, needs"):
             smoke_overrides(cfg, tmp_path)
         return
-    before = OmegaConf.to_yaml(cfg)
+    before = repr(OmegaConf.to_container(cfg))  # repr: 1, 1.0 and True differ
     small = smoke_overrides(cfg, tmp_path)
-    assert OmegaConf.to_yaml(cfg) == before  # the input is not changed
+    assert repr(OmegaConf.to_container(cfg)) == before  # the input is not changed (nor made writable and changed)
+    assert OmegaConf.is_readonly(cfg) and not OmegaConf.is_readonly(small)
     assert small.model.name == tiny_model_name(cfg.model.name)
     for key in (
         "method.kind",
@@ -71,7 +72,9 @@ def test_smoke_shrink_keeps_code_path(name, tmp_path):
     assert small.data.train == str(tmp_path / "train") and small.meta.devices == RANKS
     assert max(small.data.views.global_size, *small.data.views.local_sizes) <= 64
     assert small.method.dino.out_dim <= 64 and small.method.mocov3.mlp_dim <= 32
-    from_dict(OmegaConf.to_container(small))  # still a valid recipe
+    # still a valid recipe: a copy typed by the schema, so each value smoke_overrides assigned was validated as it
+    # was assigned (a wrong type or an unknown key raised there)
+    assert OmegaConf.get_type(small) is Recipe
 
 
 @pytest.mark.parametrize("name", smoke_params())
