@@ -14,7 +14,8 @@ from scale.cli import main
 from scale.data import loader as data_loader
 from scale.engine.deepspeed import choose_accelerator
 from scale.launch.local import fresh_environment
-from tests.helpers_run import run_train
+from tests import fork_server
+from tests.helpers_run import FORKED_RANKS, run_train
 
 # dino/table2/vit_s16 as it is (data.workers=4, fsdp2, bf16) but tiny: the embedded digits, vit_nano, 2 steps
 TINY_REAL = [
@@ -57,14 +58,17 @@ def test_deepspeed_accelerator_chosen_before_import(monkeypatch):
     assert "DS_ACCELERATOR" not in os.environ
 
 
-def _scale(args: list[str], data_root, timeout: int = 600) -> subprocess.CompletedProcess:
+def _scale(args: list[str], data_root, timeout: int = 600, fork: bool = False) -> subprocess.CompletedProcess:
+    """`scale ARGS` as a user runs it: new interpreters. `fork`: the launcher and its ranks forked from the preloaded
+    fork server (tests/helpers_run.py), with a fresh interpreter's warning filters and DeepSpeed imported by the
+    ranks as ever: for a check of what reaches the ranks, not of what an interpreter's start-up prints."""
     # no PYTHONWARNINGS=ignore here (tests.helpers_run sets it): the point is what a user sees
     env = dict(fresh_environment(), SCALE_DATA=str(data_root), OMP_NUM_THREADS="1")
     env.pop("PYTHONWARNINGS", None)
     env.pop("SCALE_VERBOSE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "scale.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
+    launch = fork_server.run if fork else subprocess.run
+    cmd = [sys.executable, *([str(FORKED_RANKS)] if fork else ["-m", "scale.cli"]), *args]
+    return launch(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _data(root) -> list[str]:
@@ -83,8 +87,8 @@ def test_real_recipe_trains_quietly(embedded_data, tmp_path, engine):
     assert "data.workers=4 but" in out.stderr or (os.cpu_count() or 1) >= 4  # the cap, said once
     info = _scale(["ckpt", "info", str(run)], embedded_data)
     assert info.returncode == 0 and info.stdout.splitlines()[0].startswith("checkpoint ") and not info.stderr
-    if engine:  # -v shows what was quieted
-        out = _scale(["-v", *args, "train.max_steps=3", "--nproc", "2"], embedded_data)
+    if engine:  # -v shows what was quieted: what reaches the ranks, not an interpreter's start-up (above), so forked
+        out = _scale(["-v", *args, "train.max_steps=3", "--nproc", "2"], embedded_data, fork=True)
         assert out.returncode == 0 and "FutureWarning" in out.stderr, out.stderr[-3000:]
 
 

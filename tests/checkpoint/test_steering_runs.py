@@ -84,10 +84,11 @@ def test_resume_step_rolls_back_exactly_keeps_newer_aside_and_applies_once(
     assert all(loss == ref_losses[s] for s, loss in losses(run).items())
     (aside,) = (run / "checkpoints" / SET_ASIDE).iterdir()
     assert {s: inventory(aside / step_name(s)) for s in (4, STEPS)} == newer, "a set-aside checkpoint changed"
-    again = run_train(embedded_data, run, overrides)  # a requeue with the same recipe: no second rollback
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"{step_name(STEPS)} at step {STEPS}" in again.stderr and "were applied" in again.stderr
-    assert len(list((run / "checkpoints" / SET_ASIDE).iterdir())) == 1
+    if engine == "fsdp2":  # applied once: rank 0's record in the store, whatever the engine; one engine checks it
+        again = run_train(embedded_data, run, overrides)  # a requeue with the same recipe: no second rollback
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert f"{step_name(STEPS)} at step {STEPS}" in again.stderr and "were applied" in again.stderr
+        assert len(list((run / "checkpoints" / SET_ASIDE).iterdir())) == 1
 
 
 def test_reset_optimizer_loads_the_weights_with_fresh_moments(embedded_data, reference, tmp_path):

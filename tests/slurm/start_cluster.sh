@@ -34,6 +34,9 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# a requeued job waits for its begin time (cred_expire), then for the main scheduling loop, which tests the pending
+# jobs every sched_interval seconds (default 60; backfill, every 30 s, started most first): every second here
+SchedulerParameters=sched_interval=1
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
