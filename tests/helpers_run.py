@@ -43,16 +43,13 @@ def run_train(
     env = clean_env(data_root)
     if fault:
         env["SCALE_FAULT"] = fault
-    cmd = [
-        sys.executable,
-        *([str(FORKED_RANKS)] if fork else ["-m", "scale.cli"]),
-        "train",
-        recipe,
-        *overrides,
-        "--run-dir",
-        str(run_dir),
-        "--nproc",
-        str(nproc),
-    ]
+    args = ["train", recipe, *overrides, "--run-dir", str(run_dir), "--nproc", str(nproc)]
+    return run_scale(args, env, fork=fork, timeout=timeout)
+
+
+def run_scale(args: list[str], env: dict, fork: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`scale ARGS` with `env`, its output captured. `fork`: forked from the worker's preloaded fork server, the
+    ranks from the launcher (FORKED_RANKS); False: new interpreters, as a user's launch starts them."""
+    cmd = [sys.executable, *([str(FORKED_RANKS)] if fork else ["-m", "scale.cli"]), *args]
     launch = fork_server.run if fork else subprocess.run
     return launch(cmd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -6,7 +6,6 @@ quieted once), `scale ckpt info` starts with the checkpoint, `-v` shows what was
 import logging
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -14,8 +13,7 @@ from scale.cli import main
 from scale.data import loader as data_loader
 from scale.engine.deepspeed import choose_accelerator
 from scale.launch.local import fresh_environment
-from tests import fork_server
-from tests.helpers_run import FORKED_RANKS, run_train
+from tests.helpers_run import run_scale, run_train
 
 # dino/table2/vit_s16 as it is (data.workers=4, fsdp2, bf16) but tiny: the embedded digits, vit_nano, 2 steps
 TINY_REAL = [
@@ -66,9 +64,7 @@ def _scale(args: list[str], data_root, timeout: int = 600, fork: bool = False) -
     env = dict(fresh_environment(), SCALE_DATA=str(data_root), OMP_NUM_THREADS="1")
     env.pop("PYTHONWARNINGS", None)
     env.pop("SCALE_VERBOSE", None)
-    launch = fork_server.run if fork else subprocess.run
-    cmd = [sys.executable, *([str(FORKED_RANKS)] if fork else ["-m", "scale.cli"]), *args]
-    return launch(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_scale(args, env, fork=fork, timeout=timeout)
 
 
 def _data(root) -> list[str]:
