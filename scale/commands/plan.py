@@ -182,6 +182,7 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
     peak = peak or table_peak("A100", precision)
     setting = launch_setting(cfg, overrides, nodes, gpus_per_node)
     trace, cached = cached_trace(cfg)  # the first call traces (torch, seconds); later ones read the cache
+    per_gpu = cfg.train.global_batch // world
     if args.mfu is not None:
         mfu, note = args.mfu, f"MFU {args.mfu:.0%} (--mfu)"
     else:
@@ -189,9 +190,9 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
         def family_of(name: str):
             return family(load_recipe(name))
 
-        cal = calibrate(load_rows(), card_key(gpu_name), recipe, family(cfg), precision, setting.compile, family_of)
+        rows, card = load_rows(), card_key(gpu_name)
+        cal = calibrate(rows, card, recipe, family(cfg), precision, setting.compile, family_of, per_gpu)
         mfu, note = hardware_mfu(trace, cal.mfu, cal.ac), cal.note
-    per_gpu = cfg.train.global_batch // world
     common = (world, gpu_mem * 2**30, precision, cfg.optim.name, peak, mfu, args.bandwidth * 1e9)
     own = predict(trace, setting, *common[:1], *common[2:], gpus_per_node, args.inter_bandwidth * 1e9)
     kind, shard_size = cfg.engine.kind, setting.shard_size or world

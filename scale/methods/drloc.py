@@ -39,6 +39,10 @@ def pool_grid(grid: torch.Tensor, k: int, pool: str = "avg2x2") -> torch.Tensor:
     pooling, adaptive for other sizes) or avg3x3s2 (official: AvgPool2d(3, 2, padding 1, count_include_pad False),
     repeated while the grid is larger than k)."""
     if pool == "avg3x3s2":
+        # NCHW: token_grid's view is channels-last, and torch's CUDA avg_pool2d backward of a channels-last input
+        # with padding maps pixels to the wrong windows (pytorch#188344, fixed in PR #188345 after torch 2.11;
+        # found by the device check's fp32 experiment, issue 46: DRLoc's pos_embed gradient off by 3e-3)
+        grid = grid.contiguous()
         while grid.shape[-2] > k or grid.shape[-1] > k:
             grid = F.avg_pool2d(grid, 3, stride=2, padding=1, count_include_pad=False)
         return grid

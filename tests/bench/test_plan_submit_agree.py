@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, read_write
 
+from scale.bench.gpus import GPUS
 from scale.bench.measured import load_rows
+from scale.bench.mfu import card_key
 from scale.cli import main
 from scale.engine.kinds import recipe_setting
 from scale.launch import slurm
@@ -134,7 +136,8 @@ def test_plan_step_time_within_25_percent_of_every_measured_row(row, capsys):
         f"engine.activation_checkpointing={s['activation_checkpointing']}",
         f"train.global_batch={s['batch_per_gpu']}",
     ]
-    assert main(["plan", s["recipe"], *overrides, "--gpus", "1", "--gpu", "h100-80gb"]) == 0
+    gpu = next(name for name, (_, key) in GPUS.items() if key == card_key(row["card"]))  # the row's card
+    assert main(["plan", s["recipe"], *overrides, "--gpus", "1", "--gpu", gpu]) == 0
     out = capsys.readouterr().out
     assert "step time: MFU" in out and "measured" in out
     verdict = next(line for line in out.splitlines() if line.startswith("as `scale submit` launches it:"))

@@ -32,7 +32,10 @@ def recipe(kind: str, engine_kw: dict, freeze_epochs: int, model_kw: dict | None
     cfg.method.drloc.update(pairs=8, grid=2, hidden_dim=32)
     cfg.method.supervised.update(mixup=0.0, cutmix=0.0)  # no random mixing: every device draws differently
     cfg.data.num_classes = 4
-    cfg.optim.update(lr=LR, weight_decay=WD, clip_grad=0.3, clip_mode="per_param")
+    # eps 1e-6, not 1e-8: Adam moves a weight by lr * g / (|g| + eps), so with 1e-8 a gradient element that is 0 up
+    # to rounding (1e-8 on one device, 3e-8 on another: Swin's fc2 in the device check's fp32 experiment, issue 46)
+    # moves by a tenth of lr, past the devices' 1e-4 tolerance; 1e-6 bounds that amplification to lr / 1e-6
+    cfg.optim.update(lr=LR, weight_decay=WD, eps=1e-6, clip_grad=0.3, clip_mode="per_param")
     cfg.engine.update(engine_kw)
     return cfg
 

@@ -280,14 +280,14 @@ def deepspeed_moments(engine) -> dict[str, dict[str, torch.Tensor]]:
     for name, p in engine.ds.module.named_parameters():
         mapping, whole = p._hp_mapping, {}
         for key in MOMENTS:
-            buffer = torch.zeros(p.numel(), dtype=torch.float32)
+            buffer = torch.zeros(p.numel(), dtype=torch.float32, device=p.device)  # NCCL reduces device tensors
             if mapping is not None:
                 flat = zero.single_partition_of_fp32_groups[mapping.param_group_index]
                 state = zero.optimizer.state[flat][key]
                 lp, hp = mapping.lp_fragment_address, mapping.hp_fragment_address
                 buffer.narrow(0, lp.start, lp.numel).copy_(state.narrow(0, hp.start, hp.numel))
             dist.all_reduce(buffer, group=engine.dist_info.dp_group)
-            whole[key] = buffer.reshape(p.shape)
+            whole[key] = buffer.reshape(p.shape).cpu()
         moments[name] = whole
     return moments
 

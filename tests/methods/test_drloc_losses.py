@@ -167,6 +167,24 @@ def test_official_3x3_stride_2_pooling_of_14x14_grids():
     assert torch.equal(pool_grid(grid[..., :7, :7], 7, "avg3x3s2"), grid[..., :7, :7])
 
 
+def test_official_pooling_runs_on_nchw_memory_whatever_the_token_grid_layout(monkeypatch):
+    """token_grid's [B, D, h, w] is a channels-last view; torch 2.11's CUDA avg_pool2d backward is wrong for
+    channels-last inputs with padding (pytorch#188344), so the official pooling must see NCHW memory."""
+    import torch.nn.functional as F
+
+    from scale.methods.nets import token_grid
+
+    seen, pool = [], F.avg_pool2d
+    monkeypatch.setattr(F, "avg_pool2d", lambda x, *a, **kw: seen.append(x.is_contiguous()) or pool(x, *a, **kw))
+    tokens = torch.randn(2, 16, 3, requires_grad=True)
+    grid = token_grid({"tokens": tokens, "grid": (4, 4)})
+    assert grid.is_contiguous(memory_format=torch.channels_last) and not grid.is_contiguous()
+    pooled = pool_grid(grid, 2, "avg3x3s2")
+    assert seen == [True]
+    expected = pool(grid.detach().contiguous(), 3, stride=2, padding=1, count_include_pad=False)
+    assert torch.equal(pooled.detach(), expected)
+
+
 def test_official_class_head_has_a_third_linear():
     """aux_modules.py ce/cbr: Linear(2C,512) ReLU Linear(512,512) ReLU Linear(512,512), then two Linear(512,K)."""
 
