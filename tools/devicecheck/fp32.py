@@ -12,7 +12,12 @@ on the GPU: torch's defaults (cuDNN TF32 on, matmul TF32 off), TF32 off everywhe
 with SDPA's math kernel only (the CPU's attention algorithm), TF32 off with deterministic kernels, TF32 on
 everywhere. A variant that matches the CPU where the others do not names the cause; if every GPU variant is as far
 as the CPU's 1-thread run is from its default, the difference is summation order amplified by the optimizer (Adam
-divides by sqrt(v): a near-zero gradient's rounding moves its weight by about the learning rate)."""
+divides by sqrt(v): a near-zero gradient's rounding moves its weight by about the learning rate).
+
+What it found on an H200 (2026-11-28, torch 2.11): DRLoc's difference was torch's CUDA avg_pool2d backward of a
+channels-last input with padding (pytorch#188344; scale.methods.drloc.pool_grid now pools NCHW memory); Swin's was
+one fc2 element whose gradient is 0 up to rounding, moved by Adam's eps 1e-8 (the parity runs now use 1e-6). The
+experiment stays a stage: a new difference shows here first, with the variants that name its cause."""
 
 import contextlib
 import json
