@@ -108,7 +108,23 @@ def import_deepspeed(device: torch.device):
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", op_build_dir())  # torch's cpp_extension reads it at each build
     choose_accelerator(device.type)
     quiet_deepspeed(device.type)
-    return require("deepspeed", "deepspeed", "engine.kind=deepspeed")
+    deepspeed = require("deepspeed", "deepspeed", "engine.kind=deepspeed")
+    skip_shared_memory_comm_build()
+    return deepspeed
+
+
+def skip_shared_memory_comm_build() -> None:
+    """DeepSpeed's CPU accelerator compiles its shared-memory all-reduce op (g++: 45-90 s on 2 cores, once per
+    environment, every rank waiting) when its comm backend starts, and prints that it did on every rank. The op
+    serves `inference_all_reduce` (tensor-parallel inference) alone, which training never calls; marked incompatible
+    (deepspeed.ops keeps that table to be edited), DeepSpeed communicates through torch.distributed, as it does where
+    the op cannot build. Accelerators without the op are left as they are."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 def ds_config(engine_cfg, optim_cfg, precision, with_optimizer: bool = True, hpz_size: int = 1) -> dict:
