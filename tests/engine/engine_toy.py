@@ -219,10 +219,12 @@ def engine_run(
     save_to: str | None = None,
     method_kw: dict | None = None,
     saved_world: int | None = None,
+    keep_loaded: bool = False,
 ) -> dict:
     """Train steps start..steps-1 on this rank's share of each global batch; optionally resume from / save to a
     checkpoint as scale/checkpoint does (DCP state, or the engine's native files, written by `saved_world` ranks:
-    by default this run's)."""
+    by default this run's). `keep_loaded`: the result's "loaded" holds the student and teacher as loaded, before
+    the steps (one process both checks the load and trains on from it)."""
     import torch.distributed.checkpoint as dcp
 
     from scale.checkpoint.state import load_engine_files, save_engine_files
@@ -238,6 +240,9 @@ def engine_run(
         state = engine.state_dict()
         dcp.load(state, checkpoint_id=load_from)
         engine.load_state_dict(state)
+    loaded = None
+    if keep_loaded:  # copies: an export may share the parameters' storage, which the steps then change
+        loaded = {p: {k: v.clone() for k, v in engine.export_state_dict(p).items()} for p in ("student", "teacher")}
     accum = engine.cfg.grad_accum
     losses = []
     for step in range(start, steps):
@@ -265,6 +270,7 @@ def engine_run(
         "teacher": engine.export_state_dict("teacher"),
         "memory": engine.memory(),
         **({"moments": deepspeed_moments(engine)} if engine.native_checkpoint else {}),
+        **({"loaded": loaded} if keep_loaded else {}),
     }
 
 
@@ -384,12 +390,25 @@ def resume_job(engine_kw: dict, folder: str, split: int, method_kw: dict | None 
 
 
 def load_and_finish(
-    engine_kw: dict, folder: str, start: int, saved_world: int, method_kw: dict | None = None, steps: int = STEPS
+    engine_kw: dict,
+    folder: str,
+    start: int,
+    saved_world: int,
+    method_kw: dict | None = None,
+    steps: int = STEPS,
+    keep_loaded: bool = False,
 ) -> dict:
     """A fresh method and engine load the checkpoint that `saved_world` ranks wrote after `start` steps and run
-    steps start..steps-1 (none when steps == start: the loaded state)."""
+    steps start..steps-1 (none when steps == start: the loaded state; `keep_loaded`: engine_run's)."""
     return engine_run(
-        engine_kw, {}, steps=steps, start=start, load_from=folder, saved_world=saved_world, method_kw=method_kw
+        engine_kw,
+        {},
+        steps=steps,
+        start=start,
+        load_from=folder,
+        saved_world=saved_world,
+        method_kw=method_kw,
+        keep_loaded=keep_loaded,
     )
 
 

@@ -27,17 +27,15 @@ def test_checkpoint_moves_between_gpu_and_cpu_bit_exact(engine, saved_on, loaded
     folder, kw = str(tmp_path / "ckpt"), ENGINES[engine]
     # engine_run(engine_kw, optim_kw, steps, start, load_from, save_to)
     saved = spawn(engine_run, kw, {}, SAVED_STEPS, 0, None, folder, world=1, tmp_path=tmp_path, device=saved_on)
-    # a fresh method and engine load it and run no further step
-    loaded = spawn(
-        load_and_finish, kw, folder, SAVED_STEPS, 1, None, SAVED_STEPS, tmp_path=tmp_path, world=1, device=loaded_on
-    )
+    # a fresh method and engine load it (its state as loaded kept), and training goes on from it: one process
+    resumed = spawn(
+        load_and_finish, kw, folder, SAVED_STEPS, 1, None, SAVED_STEPS + 1, True, tmp_path=tmp_path, world=1,
+        device=loaded_on,
+    )  # fmt: skip
+    loaded = resumed["loaded"]
     for part in ("student", "teacher"):
         assert loaded[part].keys() == saved[part].keys()
         for name, value in saved[part].items():
             assert torch.equal(loaded[part][name], value), f"{part} {name}"
-    # and training goes on from it
-    resumed = spawn(
-        load_and_finish, kw, folder, SAVED_STEPS, 1, None, SAVED_STEPS + 1, tmp_path=tmp_path, world=1, device=loaded_on
-    )
     assert len(resumed["losses"]) == 1 and torch.isfinite(torch.tensor(resumed["losses"])).all()
     assert not torch.equal(resumed["student"]["head.mlp.weight"], saved["student"]["head.mlp.weight"])
