@@ -10,7 +10,7 @@ import itertools
 import re
 
 from scale.config import load_recipe
-from scale.engine.kinds import SETTINGS, describe
+from scale.engine.kinds import SETTINGS, describe, runs_as
 from scale.engine.kinds import setting_overrides as engine_overrides
 from scale.errors import UserError
 
@@ -139,16 +139,33 @@ def run_matrix(
 
     from scale.bench.run import bench_config
     from scale.engine.dist import init_distributed
+    from scale.engine.parallel import resolve_shard_size
 
     axes = parse_matrix(matrix)
     info, device = init_distributed()
     settings = combinations(axes)
     configs = [load_setting(recipe, overrides, s, info.world_size) for s in settings]  # fail before measuring
-    rows = []
+    rows, measured = [], {}  # the step each setting runs -> its row
     for setting, cfg in zip(settings, configs):
-        row = bench_config(cfg, info, device, steps=steps, warmup=warmup, synthetic=synthetic)
-        ran = row["engine"]  # 'engine=fsdp2 [ddp (fsdp2 on one rank)]' where the kinds' rule ran another
+        ran = runs_as(cfg.engine.kind, info.world_size, resolve_shard_size(cfg.engine.shard_size, info.world_size),
+                      cfg.engine.unsharded_ddp)  # fmt: skip
         why = "" if ran == cfg.engine.kind else f" [{describe(cfg.engine.kind, ran, info.world_size)}]"
-        rows.append({"label": label(setting) + why, "setting": setting, **row})
+        step = ran_step(cfg, ran)
+        if step in measured:  # engine=ddp,fsdp2 on one GPU: one step, measured once, shown under both settings
+            first = measured[step]
+            rows.append({**first, "label": f"{label(setting)}{why} = {first['label']}", "setting": setting})
+            continue
+        row = bench_config(cfg, info, device, steps=steps, warmup=warmup, synthetic=synthetic)
+        rows.append(measured.setdefault(step, {"label": label(setting) + why, "setting": setting, **row}))
         gc.collect()
     return rows
+
+
+def ran_step(cfg, ran: str) -> str:
+    """What identifies the step a setting runs: its whole config, with the engine that runs it (kinds.runs_as:
+    engine.kind=fsdp2 on one rank runs DDP's step)."""
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(cfg)
+    container["engine"]["kind"] = ran
+    return OmegaConf.to_yaml(container)

@@ -38,6 +38,7 @@ def test_bench_command_prints_one_row_per_setting_and_writes_json(tmp_path, caps
             "0",
             "--matrix",
             "ac=none,full",
+            "engine=fsdp2,ddp",
             "--json",
             str(out),
         ]
@@ -45,10 +46,18 @@ def test_bench_command_prints_one_row_per_setting_and_writes_json(tmp_path, caps
     assert status == 0
     printed = capsys.readouterr().out
     assert "ac=none" in printed and "ac=full" in printed and "MFU" in printed
-    rows = json.loads(out.read_text())
-    # the tiny recipe's fsdp2 on this one rank runs as DDP (scale.engine.kinds.runs_as): each row says so
-    assert [r["label"] for r in rows] == [f"ac={ac} [ddp (fsdp2 on one rank)]" for ac in ("none", "full")]
-    assert {r["engine"] for r in rows} == {"ddp"}
+    all_rows = json.loads(out.read_text())
+    # fsdp2 on this one rank runs as DDP (scale.engine.kinds.runs_as): each row says so, and the same step is measured
+    # once, its row shown under both settings
+    fsdp2 = [f"ac={ac} engine=fsdp2 [ddp (fsdp2 on one rank)]" for ac in ("none", "full")]
+    assert [r["label"] for r in all_rows] == [fsdp2[0], f"ac=none engine=ddp = {fsdp2[0]}"] + [
+        fsdp2[1],
+        f"ac=full engine=ddp = {fsdp2[1]}",
+    ]
+    assert {r["engine"] for r in all_rows} == {"ddp"}
+    assert [r["setting"]["engine"] for r in all_rows] == ["fsdp2", "ddp"] * 2
+    rows = all_rows[::2]  # the measured ones
+    assert all_rows[1]["step_s"] == rows[0]["step_s"] and all_rows[3]["step_s"] == rows[1]["step_s"]
     for row in rows:
         assert row["crops_per_image"] == 6 and row["world"] == 1
         assert row["images_per_s"] == pytest.approx(4 / row["step_s"])
