@@ -108,6 +108,8 @@ def _cross_field(cfg: DictConfig) -> Iterator[tuple[str, str]]:
             yield "train.preempt_signals", f"{name} cannot be caught by a process: use e.g. SIGTERM or SIGUSR1"
     if cfg.engine.meta_init and cfg.train.init_weights and cfg.engine.kind != "fsdp2":
         yield "engine.meta_init", "with train.init_weights needs engine.kind=fsdp2"
+    if cfg.engine.compile_mode != "default" and cfg.engine.compile_backend != "inductor":
+        yield "engine.compile_mode", f"is inductor's: engine.compile_backend={cfg.engine.compile_backend} has no modes"
     if cfg.engine.compile and cfg.engine.kind == "deepspeed" and cfg.engine.zero_stage == 3:
         yield (
             "engine.compile",

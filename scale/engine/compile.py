@@ -33,9 +33,11 @@ from scale.methods.base import Method
 RECOMPILE_LIMIT = 256
 
 
-def compile_forward(module: nn.Module, backend: str, fullgraph: bool) -> None:
+def compile_forward(module: nn.Module, backend: str, fullgraph: bool, mode: str = "default") -> None:
+    """`mode`: engine.compile_mode, passed only when not the default (the other backends take none)."""
+    modes = {} if mode == "default" else {"mode": mode}
     module.forward = torch_compat.compile_fn(
-        module.forward, backend=backend, fullgraph=fullgraph, dynamic=False, recompile_limit=RECOMPILE_LIMIT
+        module.forward, backend=backend, fullgraph=fullgraph, dynamic=False, recompile_limit=RECOMPILE_LIMIT, **modes
     )
 
 
@@ -43,7 +45,7 @@ def holds_batchnorm(module: nn.Module) -> bool:
     return any(isinstance(sub, _BatchNorm) for sub in module.modules())
 
 
-def compile_net(net: nn.Module, backend: str) -> int:
+def compile_net(net: nn.Module, backend: str, mode: str = "default") -> int:
     """Compile every block of the net's parts (but a checkpointed one holding a BatchNorm: module docstring) and
     every part without blocks that holds parameters (the heads); returns how many modules."""
     count = 0
@@ -52,16 +54,16 @@ def compile_net(net: nn.Module, backend: str) -> int:
         for block in blocks:
             batchnorm = holds_batchnorm(block)
             if not (batchnorm and isinstance(block.forward, Checkpointed)):
-                compile_forward(block, backend, fullgraph=not batchnorm)
+                compile_forward(block, backend, fullgraph=not batchnorm, mode=mode)
                 count += 1
         if not blocks and any(True for _ in part.parameters()):  # a head
-            compile_forward(part, backend, fullgraph=False)
+            compile_forward(part, backend, fullgraph=False, mode=mode)
             count += 1
     return count
 
 
-def apply_compile(method: Method, enabled: bool, backend: str) -> int:
+def apply_compile(method: Method, enabled: bool, backend: str, mode: str = "default") -> int:
     """Compile the student's and the teacher's blocks and heads in place when `enabled`; returns how many modules."""
     if not enabled:
         return 0
-    return sum(compile_net(net, backend) for net in (method.student, method.teacher) if net is not None)
+    return sum(compile_net(net, backend, mode) for net in (method.student, method.teacher) if net is not None)

@@ -34,6 +34,10 @@ class EngineConfig:
     compile: bool = False
     # torch.compile's backend (see compile)
     compile_backend: str = choice("inductor", ["inductor", "aot_eager"])
+    # torch.compile's mode (inductor only): reduce-overhead records each compiled block's and head's kernels in a CUDA
+    # graph and replays them with one launch, for steps bound by the host (DINO ViT-S/16 at 64 images on an H200:
+    # device busy 24%); max-autotune searches matmul kernels (minutes of compile); default: neither
+    compile_mode: str = choice("default", ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"])
     zero_stage: int = choice(1, ZERO_STAGES, resume=FIXED)  # deepspeed only: 1, 2, 3
     # micro-batches accumulated per optimizer step
     grad_accum: int = at_least(1, 1)

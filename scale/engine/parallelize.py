@@ -27,5 +27,5 @@ def parallelize(
 ) -> None:
     convert_modules(method, engine_cfg, precision, parallel)
     apply_activation_checkpointing(method.student, engine_cfg.activation_checkpointing, engine_cfg.ac_every_n)
-    apply_compile(method, engine_cfg.compile, engine_cfg.compile_backend)
+    apply_compile(method, engine_cfg.compile, engine_cfg.compile_backend, engine_cfg.compile_mode)
     wrap()

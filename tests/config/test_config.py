@@ -229,6 +229,13 @@ def test_compile_is_refused_under_zero3_only(recipes, capsys):
     assert load_recipe("dino/vit_s16", ["engine.kind=fsdp2", "engine.compile=true"]).engine.compile
 
 
+def test_a_compile_mode_needs_inductor(recipes):
+    mode = ["engine.compile=true", "engine.compile_mode=reduce-overhead"]
+    with pytest.raises(ConfigError, match=r"engine\.compile_mode='reduce-overhead': is inductor's"):
+        load_recipe("dino/vit_s16", [*mode, "engine.compile_backend=aot_eager"])
+    assert load_recipe("dino/vit_s16", mode).engine.compile_mode == "reduce-overhead"
+
+
 def test_override_value_that_is_not_yaml(recipes):
     for bad in ["train.max_steps=[1,", 'meta.notes="open', "meta.notes=@x"]:
         with pytest.raises(ConfigError, match=r"command line: override '.*': the value is not valid YAML"):

@@ -169,3 +169,17 @@ def test_inductor_block_matches_eager_with_checkpointing_and_drop_path():
     torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
     for (key, p), q in zip(compiled.named_parameters(), block.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=key)
+
+
+def test_compile_mode_reaches_torch_compile_and_the_block_still_equals_eager(monkeypatch):
+    """engine.compile_mode goes to torch.compile for inductor, and no mode for the default (the other backends take
+    none). reduce-overhead's CUDA graphs leave CPU tensors out, so here inductor's kernels run and equal eager."""
+    modes, real = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: modes.append(kw.get("mode")) or real(fn, **kw))
+    block, plain = nn.Sequential(nn.Linear(8, 8), nn.GELU()), nn.Linear(2, 2)
+    x = torch.randn(4, 8)
+    expected = block(x)
+    compile_forward(block, "inductor", fullgraph=True, mode="reduce-overhead")
+    compile_forward(plain, "aot_eager", fullgraph=True)
+    assert modes == ["reduce-overhead", None]
+    torch.testing.assert_close(block(x), expected)

@@ -14,10 +14,9 @@ def test_conversions_then_checkpointing_then_compile_then_wrap(monkeypatch):
     calls = []
     monkeypatch.setattr(parallelize_module, "convert_modules", lambda *a: calls.append("convert"))
     monkeypatch.setattr(parallelize_module, "apply_activation_checkpointing", lambda *a: calls.append("checkpoint"))
-    monkeypatch.setattr(parallelize_module, "apply_compile", lambda *a: calls.append("compile"))
+    monkeypatch.setattr(parallelize_module, "apply_compile", lambda _, *a: calls.append(("compile", *a)))
     method = SimpleNamespace(student=None, teacher=None)
-    cfg = OmegaConf.create(
-        {"activation_checkpointing": "full", "ac_every_n": 1, "sync_bn": True, "compile": True, "compile_backend": "x"}
-    )
+    cfg = OmegaConf.create({"activation_checkpointing": "full", "ac_every_n": 1, "sync_bn": True})
+    cfg.update(compile=True, compile_backend="x", compile_mode="y")
     parallelize(method, cfg, resolve_precision("fp32", torch.device("cpu")), None, lambda: calls.append("wrap"))
-    assert calls == ["convert", "checkpoint", "compile", "wrap"]
+    assert calls == ["convert", "checkpoint", ("compile", True, "x", "y"), "wrap"]
