@@ -122,7 +122,7 @@ def skip_shared_memory_comm_build() -> None:
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    builder = get_accelerator().get_op_builder("ShareMemCommBuilder")  # the class: only its NAME is needed
     if builder is not None:
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
