@@ -17,6 +17,7 @@ torchtitan and DINOv3 compile (one graph per block, not the whole model).
   operation"; MoCo v3's ViT-BN with two crops, CvT, ResNet).
 """
 
+import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -31,6 +32,24 @@ from scale.methods.base import Method
 # backbones' per-block rates can still need about 100. Dynamo's cap over all regions of one function
 # (accumulated_recompile_limit) is 256.
 RECOMPILE_LIMIT = 256
+
+
+# torch.compile's modes that replay CUDA graphs (inductor's CUDA graph trees)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def replays_cuda_graphs(engine_cfg) -> bool:
+    return bool(engine_cfg.compile) and engine_cfg.compile_mode in CUDA_GRAPH_MODES
+
+
+def begin_graph_step() -> None:
+    """One generation of CUDA graph trees per training step (and per validation batch), called at its start where
+    `replays_cuda_graphs`. Left to themselves, the trees start a generation at each call of a compiled function
+    made with no backward pending, and may then overwrite the previous generation's outputs: the teacher's blocks,
+    run under no_grad one after another, read their predecessor's overwritten output, and DINO ViT-S/16 failed in
+    its first recorded step ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run",
+    H200, 2026-11-28). Marked, every output of the step stays valid until the next step begins."""
+    torch.compiler.cudagraph_mark_step_begin()
 
 
 def compile_forward(module: nn.Module, backend: str, fullgraph: bool, mode: str = "default") -> None:

@@ -19,6 +19,7 @@ from scale.data.batch import Batch, split_batch
 from scale.data.prefetch import prefetch_to_device
 from scale.engine import build_engine
 from scale.engine.base import Engine, no_phase
+from scale.engine.compile import begin_graph_step, replays_cuda_graphs
 from scale.engine.dist import seed_everything
 from scale.engine.guard import FiniteGuard
 from scale.engine.kinds import runs_as
@@ -82,6 +83,7 @@ class TrainStep:
         self.weight_decay = wd_schedule(cfg.optim, self.total_steps)
         self.monitors = Monitors(cfg, device, info.dp_group)
         self.guard = FiniteGuard(device, info.dp_group)
+        self.graph_steps = replays_cuda_graphs(cfg.engine)
         loader = self.loader
         self.loader = prefetch_to_device(loader, device, cfg.data.prefetch_to_device, self.method.check_batch)
         self.prefetched = self.loader is not loader
@@ -120,6 +122,8 @@ class TrainStep:
         record; its tensor values are read on the host by `read_record`. `log`: the record will be read (a log
         step): only then are the monitors computed that nothing but the record reads (teacher entropy and KL,
         the embeddings' spread)."""
+        if self.graph_steps:
+            begin_graph_step()
         ctx = self.context(step, log)
         lr, wd = self.lr(step), self.weight_decay(step)
         apply_schedule(self.engine.optimizer.param_groups, lr, wd)

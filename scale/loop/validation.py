@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from scale.data.evaluation import dataset_info, eval_views_cfg, lockstep_batches
+from scale.engine.compile import begin_graph_step, replays_cuda_graphs
 from scale.engine.parallel import ParallelContext
 from scale.errors import ConfigError, UserError
 from scale.loop.rundir import write_json
@@ -85,6 +86,18 @@ class Validation:
     def __init__(self, cfg, info: ParallelContext, device: torch.device, out: Path):
         self.cfg, self.info, self.device, self.out = cfg, info, device, out
 
+    def logits_fn(self, method) -> LogitsFn:
+        """The method's logits; each batch a step of its own where compiled blocks replay CUDA graphs (their
+        outputs stay valid until the next batch: scale.engine.compile.begin_graph_step)."""
+        if not replays_cuda_graphs(self.cfg.engine):
+            return method.val_logits
+
+        def logits(images: torch.Tensor) -> torch.Tensor:
+            begin_graph_step()
+            return method.val_logits(images)
+
+        return logits
+
     def __call__(self, method, autocast, step: int, epoch: float) -> dict[str, float]:
         cfg = self.cfg
         batches, own = lockstep_batches(
@@ -102,7 +115,7 @@ class Validation:
         devices = [self.device] if self.device.type == "cuda" else []
         try:
             with torch.random.fork_rng(devices=devices), autocast():
-                result = accuracy(method.val_logits, batches, own, self.device, self.info.dp_group)
+                result = accuracy(self.logits_fn(method), batches, own, self.device, self.info.dp_group)
         finally:
             method.student.train()
         log.info(

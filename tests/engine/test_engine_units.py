@@ -69,6 +69,23 @@ def test_eager_state_then_step_equals_lazy_first_step(name):
     torch.testing.assert_close(nets[1].state_dict(), nets[0].state_dict(), rtol=0, atol=0)
 
 
+def test_a_checkpoint_from_a_cpu_puts_its_steps_where_fused_adamw_runs():
+    """Saved where AdamW is not fused (a CPU), loaded where it is (a GPU: here the meta device stands in, as no
+    second device is at hand): torch's load keeps `step` on the CPU by the saved groups' flags; keep_settings puts
+    it on the parameters' device, as fused AdamW needs (its CUDA kernel refused a CPU step on the H200)."""
+    param = nn.Parameter(torch.zeros(3, device="meta"))
+    optimizer = torch.optim.AdamW([param])  # fused AdamW cannot be built on the meta device: the recipe says fused
+    recipe = [dict(settings(optimizer)[0], fused=True)]
+    optimizer.state[param] = {"step": torch.tensor(4.0), "exp_avg": torch.zeros(3, device="meta")}
+    keep_settings(optimizer, recipe)
+    step = optimizer.state[param]["step"]
+    assert step.device.type == "meta" and step.dtype == torch.float32
+    optimizer.param_groups[0]["fused"] = False  # not fused: torch's rule leaves a CPU step where it is
+    optimizer.state[param]["step"] = torch.tensor(4.0)
+    keep_settings(optimizer, [dict(recipe[0], fused=False)])
+    assert optimizer.state[param]["step"].device.type == "cpu"
+
+
 @pytest.mark.parametrize("name", ["adamw", "sgd", "lars", "lamb"])
 def test_a_loaded_optimizer_keeps_the_recipes_settings_and_the_saved_counts(name):
     """keep_settings after load_state_dict: the resumed recipe's betas, eps, momentum; the checkpoint's group step

@@ -127,6 +127,29 @@ def test_validation_leaves_the_training_rng_untouched(data, tmp_path):
     assert json.loads((tmp_path / "val.json").read_text())["history"][0]["top1"] == metrics["val_top1"]
 
 
+def test_each_validation_batch_is_a_generation_of_cuda_graph_trees(data, tmp_path, monkeypatch):
+    """Compiled blocks that replay CUDA graphs: each validation batch marks a new generation before its logits
+    (scale.engine.compile.begin_graph_step), as each training step does; none without them."""
+    from scale.engine.dist import detect
+    from scale.engine.parallel import parallel_context
+    from scale.loop.validation import Validation
+
+    events = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("mark"))
+    _, recipe = data
+    for mode, marked in (("reduce-overhead", True), ("default", False)):
+        events.clear()
+        cfg = load_recipe(recipe, ["engine.compile=true", f"engine.compile_mode={mode}"])
+        method = build_method(cfg, 8, 16)
+        method.val_logits = lambda images, logits=method.val_logits: events.append("logits") or logits(images)
+        cpu = torch.device("cpu")
+        Validation(cfg, parallel_context(detect({}), cpu), cpu, tmp_path / f"{mode}.json")(
+            method, torch.no_grad, step=8, epoch=1.0
+        )
+        batches = events.count("logits")
+        assert batches > 1 and events == (["mark", "logits"] * batches if marked else ["logits"] * batches)
+
+
 def test_finetune_needs_a_recipe_with_a_class_head(capsys):
     assert cli(["eval", "finetune", "dino/table2/vit_s16", "--random-init"]) == 2
     assert "has no class head" in capsys.readouterr().err
