@@ -66,16 +66,17 @@ def place_steps(optimizer: torch.optim.Optimizer) -> None:
     """torch's rule for where a parameter's `step` lives (Optimizer._process_value_according_to_param_policy): on
     the parameter's device, fp32, in a fused or capturable group; as loaded otherwise. A load applies it with the
     saved groups' flags, so a checkpoint saved on a CPU (AdamW not fused) and resumed on a GPU (fused) kept its
-    steps on the CPU, and fused AdamW refused them (DeepSpeed ZeRO-1 and ZeRO-3, H200, 2026-11-28). Runs on a load
-    only: a loop over the parameters is no step's cost."""
-    for group in optimizer.param_groups:
-        if not (group.get("fused") or group.get("capturable")):
-            continue
-        for param in group["params"]:
-            state = optimizer.state.get(param)
-            step = state.get("step") if state else None
-            if torch.is_tensor(step) and step.device != param.device:
-                state["step"] = step.to(dtype=torch.float32, device=param.device)
+    steps on the CPU, and fused AdamW refused them (DeepSpeed ZeRO-1 and ZeRO-3, H200, 2026-11-28). A state whose
+    parameter no group lists (DeepSpeed ZeRO-3 puts each flat partition in its group only for its own step) follows
+    the groups' flag. Runs on a load only: a loop over the parameters is no step's cost."""
+    on_device = {
+        id(p): bool(g.get("fused") or g.get("capturable")) for g in optimizer.param_groups for p in g["params"]
+    }
+    unlisted = any(g.get("fused") or g.get("capturable") for g in optimizer.param_groups)
+    for param, state in optimizer.state.items():
+        step = state.get("step")
+        if torch.is_tensor(step) and on_device.get(id(param), unlisted) and step.device != param.device:
+            state["step"] = step.to(dtype=torch.float32, device=param.device)
 
 
 def apex_available() -> bool:

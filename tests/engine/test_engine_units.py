@@ -80,7 +80,12 @@ def test_a_checkpoint_from_a_cpu_puts_its_steps_where_fused_adamw_runs():
     keep_settings(optimizer, recipe)
     step = optimizer.state[param]["step"]
     assert step.device.type == "meta" and step.dtype == torch.float32
-    optimizer.param_groups[0]["fused"] = False  # not fused: torch's rule leaves a CPU step where it is
+    # DeepSpeed ZeRO-3 lists a flat partition in its group only during its own step: the groups' flag
+    optimizer.param_groups[0]["params"] = []
+    optimizer.state[param]["step"] = torch.tensor(4.0)
+    keep_settings(optimizer, recipe)
+    assert optimizer.state[param]["step"].device.type == "meta"
+    optimizer.param_groups[0]["params"] = [param]  # not fused: torch's rule leaves a CPU step where it is
     optimizer.state[param]["step"] = torch.tensor(4.0)
     keep_settings(optimizer, [dict(recipe[0], fused=False)])
     assert optimizer.state[param]["step"].device.type == "cpu"
