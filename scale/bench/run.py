@@ -33,6 +33,7 @@ from scale.bench.mfu import device_peak, step_flops
 from scale.bench.trace import trace_step
 from scale.data.synthetic import SyntheticLoader, crop_layout
 from scale.engine.base import no_phase
+from scale.engine.compile import replays_cuda_graphs
 from scale.engine.dist import DistInfo
 from scale.engine.parallel import ParallelContext, parallel_context
 from scale.loop.step import TrainStep, read_record
@@ -97,7 +98,7 @@ def measure_rank(cfg, info: ParallelContext, device: torch.device, steps: int, w
     compile_start = compile_seconds()
     timer = PhaseTimer(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    with MemoryTrace(device) as memory:
+    with MemoryTrace(device, cuda_graphs=replays_cuda_graphs(cfg.engine)) as memory:
         trainer = bench_trainer(cfg, info, device, synthetic, phase=timer)
         batches = trainer.batches()
         for step in range(warmup):
