@@ -98,3 +98,39 @@ def calibrate(
             )
             return Calibration(mfu, ac, note)
     return Calibration(DEFAULT_MFU, "none", f"MFU {DEFAULT_MFU:.0%} assumed (no measured row for this card and model)")
+
+
+def compile_gain(rows: list[dict], card: str, recipe: str, precision: str, batch_per_gpu: int) -> str | None:
+    """For a recipe that runs eager: where this card's rows of the recipe measured one batch per GPU both eager and
+    compiled (the batch nearest `batch_per_gpu` by ratio, the larger of two as near), a line naming the fastest
+    compile mode there, its gain over eager and the overrides that run it; None where no batch was measured both
+    ways or compiling measured no faster. Rows of other batches or recipes say little: a host-bound step gains
+    most from CUDA graphs at a small batch, a device-bound one from fused kernels at a large one (the H200, 2026-11-28)."""
+    mine = [
+        r
+        for r in rows
+        if card_key(r["card"]) == card and r["setting"]["recipe"] == recipe and r["setting"]["precision"] == precision
+    ]
+    by_batch: dict[int, dict[str, list[float]]] = {}
+    for r in mine:
+        mode = r["setting"].get("compile_mode", "default") if r["setting"]["compile"] else "eager"
+        by_batch.setdefault(int(r["setting"]["batch_per_gpu"]), {}).setdefault(mode, []).append(
+            float(r["mfu_datasheet"])
+        )
+    both = [b for b, modes in by_batch.items() if "eager" in modes and len(modes) > 1]
+    if not both:
+        return None
+    batch = min(both, key=lambda b: (abs(math.log(b / batch_per_gpu)), -b))
+    modes = {mode: statistics.median(values) for mode, values in by_batch[batch].items()}
+    eager = modes.pop("eager")
+    mode, best = max(modes.items(), key=lambda kv: kv[1])
+    if best <= eager:
+        return None
+    overrides = "engine.compile=true" + ("" if mode == "default" else f" engine.compile_mode={mode}")
+    engines = sorted({r["setting"].get("engine", "?") for r in mine if int(r["setting"]["batch_per_gpu"]) == batch})
+    return (
+        f"compiled ({mode} mode): {best / eager:.2f}x the eager step, measured on {mine[0]['card']} under "
+        f"{'/'.join(engines)} at {batch} images "
+        f"per GPU (MFU {best:.1%} against {eager:.1%}; scale/bench/measured.yaml); to run it, pass {overrides} to "
+        f"`scale submit`"
+    )

@@ -136,6 +136,7 @@ class Judgement:
     mfu: float  # hardware-FLOP fraction of the peak predict() uses
     mfu_note: str
     runs_as: str = ""  # the engine that runs, where the recipe's engine.kind runs as another (scale.engine.kinds)
+    compile_hint: str | None = None  # an eager recipe: the compile mode measured faster on this card (measured.py)
 
     @property
     def fits(self) -> bool:
@@ -169,7 +170,7 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
         raise UserError("--gpu-mem, --bandwidth and --inter-bandwidth must be positive and --mfu in (0, 1]")
     if args.bandwidth <= 0 or args.inter_bandwidth <= 0:
         raise UserError("--gpu-mem, --bandwidth and --inter-bandwidth must be positive and --mfu in (0, 1]")
-    from scale.bench.measured import calibrate, family, load_rows
+    from scale.bench.measured import calibrate, compile_gain, family, load_rows
     from scale.bench.mfu import card_key, table_peak
     from scale.bench.plan import hardware_mfu, predict
     from scale.bench.trace_cache import cached_trace
@@ -183,6 +184,7 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
     setting = launch_setting(cfg, overrides, nodes, gpus_per_node)
     trace, cached = cached_trace(cfg)  # the first call traces (torch, seconds); later ones read the cache
     per_gpu = cfg.train.global_batch // world
+    hint = None
     if args.mfu is not None:
         mfu, note = args.mfu, f"MFU {args.mfu:.0%} (--mfu)"
     else:
@@ -193,14 +195,17 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
         rows, card = load_rows(), card_key(gpu_name)
         cal = calibrate(rows, card, recipe, family(cfg), precision, setting.compile, family_of, per_gpu)
         mfu, note = hardware_mfu(trace, cal.mfu, cal.ac), cal.note
+        if not setting.compile:
+            hint = compile_gain(rows, card, recipe, precision, per_gpu)
     common = (world, gpu_mem * 2**30, precision, cfg.optim.name, peak, mfu, args.bandwidth * 1e9)
     own = predict(trace, setting, *common[:1], *common[2:], gpus_per_node, args.inter_bandwidth * 1e9)
     kind, shard_size = cfg.engine.kind, setting.shard_size or world
     ran = runs_as(kind, world, shard_size, cfg.engine.unsharded_ddp)
     why = f" (engine {describe(kind, ran, world)})" if ran != kind else ""
     return Judgement(
-        trace, cached, setting, own, common, per_gpu, world, gpus_per_node, gpu_mem, gpu_source, peak, mfu, note, why
-    )
+        trace, cached, setting, own, common, per_gpu, world, gpus_per_node, gpu_mem, gpu_source, peak, mfu, note, why,
+        hint,
+    )  # fmt: skip
 
 
 def cmd_plan(args) -> int:
@@ -234,4 +239,6 @@ def cmd_plan(args) -> int:
             f"  fastest predicted: {fastest.setting.label()} at {fastest.step_s:.3f} s/step; to run it, pass "
             f"{' '.join(fastest.setting.overrides())} to `scale submit`"
         )
+    if j.compile_hint:
+        print(f"  {j.compile_hint}")
     return 0
