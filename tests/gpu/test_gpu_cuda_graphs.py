@@ -9,27 +9,17 @@ CUDA graphs exist on CUDA only: the CPU self-check skips it (the marking itself:
 
 import pytest
 import torch
-from gpu_env import DEVICE, require_cuda
+from gpu_env import require_cuda
 from torch._dynamo.utils import counters
 
 from scale.config import load_recipe
 from scale.data.synthetic import SyntheticLoader
-from scale.engine.dist import shutdown
-from scale.engine.parallel import init_parallel
 from scale.loop.step import TrainStep, read_record
 from tests.loop.test_step_guard import TINY, state
 
 pytestmark = pytest.mark.gpu
 
 STEPS = 4
-
-
-@pytest.fixture(scope="module")
-def group():
-    info, device = init_parallel()
-    assert device.type == DEVICE
-    yield info, device
-    shutdown()
 
 
 def train(group, mode: str) -> dict:

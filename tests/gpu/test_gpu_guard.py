@@ -15,22 +15,12 @@ from gpu_env import DEVICE
 from scale.bench.host import SyncCounter
 from scale.config import load_recipe
 from scale.data.synthetic import SyntheticLoader
-from scale.engine.dist import shutdown
-from scale.engine.parallel import init_parallel
 from scale.loop.step import TrainStep
 from tests.loop.test_step_guard import TINY, nan_at, state
 
 pytestmark = pytest.mark.gpu
 
 BAD = 2  # the bad step (0-based), after two good ones
-
-
-@pytest.fixture(scope="module")
-def group():
-    info, device = init_parallel()
-    assert device.type == DEVICE
-    yield info, device
-    shutdown()
 
 
 class InfiniteGradient(torch.autograd.Function):

@@ -14,8 +14,6 @@ from safetensors.torch import load_file
 from scale.checkpoint.export import export
 from scale.config import load_recipe
 from scale.data.evaluation import ShardSamples, eval_views_cfg
-from scale.engine.dist import shutdown
-from scale.engine.parallel import init_parallel
 from scale.loop.rundir import RunDir
 from scale.loop.train import Trainer
 from scale.methods import build_method
@@ -26,13 +24,9 @@ pytestmark = pytest.mark.gpu
 SHORT = ["train.epochs=2", "train.samples_per_epoch=64", "train.log_every=1", "train.val_every_epochs=1"]
 
 
-@pytest.fixture(scope="module")
-def group():
+@pytest.fixture(scope="module", autouse=True)
+def full_fp32():
     exact_fp32()
-    info, device = init_parallel()
-    assert device.type == DEVICE
-    yield info, device
-    shutdown()
 
 
 def test_training_validates_on_the_device_and_records_its_metric(group, embedded_data, tmp_path):
