@@ -113,7 +113,10 @@ def compile_gain(rows: list[dict], card: str, recipe: str, precision: str, batch
     ]
     by_batch: dict[int, dict[str, list[float]]] = {}
     for r in mine:
-        mode = r["setting"].get("compile_mode", "default") if r["setting"]["compile"] else "eager"
+        mode = "eager"
+        if r["setting"]["compile"]:
+            mode = r["setting"].get("compile_mode", "default")
+            mode += ", net scope" if r["setting"].get("compile_scope", "blocks") == "net" else ""
         by_batch.setdefault(int(r["setting"]["batch_per_gpu"]), {}).setdefault(mode, []).append(
             float(r["mfu_datasheet"])
         )
@@ -126,7 +129,9 @@ def compile_gain(rows: list[dict], card: str, recipe: str, precision: str, batch
     mode, best = max(modes.items(), key=lambda kv: kv[1])
     if best <= eager:
         return None
-    overrides = "engine.compile=true" + ("" if mode == "default" else f" engine.compile_mode={mode}")
+    compile_mode, _, scope = mode.partition(", ")
+    overrides = "engine.compile=true" + ("" if compile_mode == "default" else f" engine.compile_mode={compile_mode}")
+    overrides += " engine.compile_scope=net" if scope else ""
     engines = sorted({r["setting"].get("engine", "?") for r in mine if int(r["setting"]["batch_per_gpu"]) == batch})
     return (
         f"compiled ({mode} mode): {best / eager:.2f}x the eager step, measured on {mine[0]['card']} under "

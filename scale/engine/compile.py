@@ -64,9 +64,14 @@ def holds_batchnorm(module: nn.Module) -> bool:
     return any(isinstance(sub, _BatchNorm) for sub in module.modules())
 
 
-def compile_net(net: nn.Module, backend: str, mode: str = "default") -> int:
+def compile_net(net: nn.Module, backend: str, mode: str = "default", scope: str = "blocks") -> int:
     """Compile every block of the net's parts (but a checkpointed one holding a BatchNorm: module docstring) and
-    every part without blocks that holds parameters (the heads); returns how many modules."""
+    every part without blocks that holds parameters (the heads); returns how many modules. `scope` "net"
+    (engine.compile_scope): the net's whole forward instead, every crop group, backbone and head in one graph per
+    call shape, with graph breaks allowed (an engine's hooks inside it run eagerly)."""
+    if scope == "net":
+        compile_forward(net, backend, fullgraph=False, mode=mode)
+        return 1
     count = 0
     for part in net.children():
         blocks = part_blocks(part)
@@ -81,8 +86,9 @@ def compile_net(net: nn.Module, backend: str, mode: str = "default") -> int:
     return count
 
 
-def apply_compile(method: Method, enabled: bool, backend: str, mode: str = "default") -> int:
-    """Compile the student's and the teacher's blocks and heads in place when `enabled`; returns how many modules."""
+def apply_compile(method: Method, enabled: bool, backend: str, mode: str = "default", scope: str = "blocks") -> int:
+    """Compile the student's and the teacher's blocks and heads (or whole forwards: `scope` "net") in place when
+    `enabled`; returns how many modules."""
     if not enabled:
         return 0
-    return sum(compile_net(net, backend, mode) for net in (method.student, method.teacher) if net is not None)
+    return sum(compile_net(net, backend, mode, scope) for net in (method.student, method.teacher) if net is not None)

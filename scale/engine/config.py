@@ -41,6 +41,12 @@ class EngineConfig:
     # where FSDP2 shards (it gathers and frees each block's weights around it) or under DeepSpeed; max-autotune
     # searches matmul kernels (minutes of compile) and replays CUDA graphs too; default: neither
     compile_mode: str = choice("default", ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"])
+    # what torch.compile compiles (scale/engine/compile.py): each block and head (blocks: one graph per block, as
+    # torchtitan; the engine's per-block hooks and communication stay between them), or each net's whole forward
+    # (net: every crop group, block and head of one call in one graph, no eager glue between blocks and a few
+    # CUDA graph replays per step instead of one per block; for DDP, where nothing hooks a block). An assumption
+    # to measure: no GPU has run "net" yet (the device check's bench has it)
+    compile_scope: str = choice("blocks", ["blocks", "net"])
     zero_stage: int = choice(1, ZERO_STAGES, resume=FIXED)  # deepspeed only: 1, 2, 3
     # micro-batches accumulated per optimizer step
     grad_accum: int = at_least(1, 1)

@@ -27,5 +27,7 @@ def parallelize(
 ) -> None:
     convert_modules(method, engine_cfg, precision, parallel)
     apply_activation_checkpointing(method.student, engine_cfg.activation_checkpointing, engine_cfg.ac_every_n)
-    apply_compile(method, engine_cfg.compile, engine_cfg.compile_backend, engine_cfg.compile_mode)
+    apply_compile(
+        method, engine_cfg.compile, engine_cfg.compile_backend, engine_cfg.compile_mode, engine_cfg.compile_scope
+    )
     wrap()

@@ -187,9 +187,12 @@ class ViT(VisionTransformer):
         rates = self.keep_rates()
         if not self.training or min(rates) == 1.0:
             return None
-        keep = self._keep_on.get((x.device, rates))
-        if keep is None:
-            keep = self._keep_on[x.device, rates] = torch.tensor(rates, device=x.device)[:, None, None]
+        if torch.compiler.is_compiling():  # a constant of the graph; the cache's dict would be guarded on, and
+            keep = torch.tensor(rates, device=x.device)[:, None, None]  # filling it recompiled a compiled net
+        else:
+            keep = self._keep_on.get((x.device, rates))
+            if keep is None:
+                keep = self._keep_on[x.device, rates] = torch.tensor(rates, device=x.device)[:, None, None]
         masks = torch.empty(len(rates), 2, x.shape[0], dtype=self._branch_dtype(x), device=x.device)
         return masks.bernoulli_(keep).div_(keep)
 

@@ -59,3 +59,13 @@ def test_no_compile_line_without_a_batch_measured_both_ways_or_a_gain():
     assert gain([row(64, 0.1), row(256, 0.3, compile=True)], 64) is None  # no batch measured both ways
     assert gain([row(64, 0.1), row(64, 0.09, compile=True)], 64) is None  # compiling measured slower
     assert gain([row(64, 0.1), row(64, 0.2, compile=True, card="NVIDIA H100 80GB HBM3")], 64) is None  # another card
+
+
+def test_a_net_scope_row_names_its_scope_and_override():
+    whole = row(64, 0.2, compile=True)
+    whole["setting"] |= {"compile_mode": "reduce-overhead", "compile_scope": "net"}
+    line = gain([row(64, 0.1), whole], 64)
+    assert "(reduce-overhead, net scope mode): 2.00x" in line
+    assert line.endswith(
+        "engine.compile=true engine.compile_mode=reduce-overhead engine.compile_scope=net to `scale submit`"
+    )

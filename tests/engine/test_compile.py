@@ -15,6 +15,7 @@ from torch._dynamo.utils import counters
 
 from scale.engine.activation_checkpointing import Checkpointed, apply_activation_checkpointing
 from scale.engine.compile import apply_compile, compile_forward, compile_net
+from scale.methods.nets import MultiCropNet
 from scale.models import build_backbone
 from scale.models.config import ModelConfig
 from scale.models.heads import DinoHead
@@ -183,3 +184,25 @@ def test_compile_mode_reaches_torch_compile_and_the_block_still_equals_eager(mon
     compile_forward(plain, "aot_eager", fullgraph=True)
     assert modes == ["reduce-overhead", None]
     torch.testing.assert_close(block(x), expected)
+
+
+def test_net_scope_compiles_each_nets_whole_forward_into_one_graph_per_call_shape():
+    """engine.compile_scope=net: the net's forward is compiled, not its blocks; one call over two crop groups is one
+    graph (no break between blocks, groups and head), a second call of the same shapes reuses it, and outputs and
+    gradients equal eager's."""
+    torch.manual_seed(0)
+    backbone = build_backbone(ModelConfig(name="vit_nano", img_size=32), drop_path=0.0)
+    plain = MultiCropNet(backbone, DinoHead(64, 32, 16, 8))
+    net = copy.deepcopy(plain)
+    counter = CompileCounter()
+    assert apply_compile(SimpleNamespace(student=net, teacher=None), True, counter, scope="net") == 1
+    assert all("forward" not in vars(block) for block in net.backbone.block_modules())  # the blocks are as built
+    crops = [torch.randn(4, 3, 32, 32), torch.randn(8, 3, 16, 16)]
+    for _ in range(2):
+        out, ref = net(crops), plain(crops)
+        out["logits"].square().mean().backward()
+        ref["logits"].square().mean().backward()
+    assert counter.frame_count == 1 and not counters["graph_break"]
+    torch.testing.assert_close(out["logits"], ref["logits"])
+    for (key, p), q in zip(net.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=key)
