@@ -3,7 +3,8 @@ DINO recipe, tiny ViT, 2 global + 2 local crops, DDP, bf16, one process). Each s
 (scale.engine.compile.begin_graph_step): without it the teacher's no-grad blocks read outputs that the next block's
 replay had overwritten, and DINO ViT-S/16 failed in its first recorded step on an H200 (2026-11-28). Here four steps
 run (the trees warm up, record, then replay), no graph is skipped, and the losses and weights equal those of the same
-compiled step without CUDA graphs (the same inductor kernels, launched one by one) within bf16 rounding.
+compiled step without CUDA graphs (the same inductor kernels, launched one by one) within bf16 rounding, with each
+block compiled (engine.compile_scope=blocks) and with each net compiled whole (net).
 
 CUDA graphs exist on CUDA only: the CPU self-check skips it (the marking itself: tests/loop/test_step_sync.py)."""
 
@@ -22,12 +23,13 @@ pytestmark = pytest.mark.gpu
 STEPS = 4
 
 
-def train(group, mode: str) -> dict:
+def train(group, mode: str, scope: str) -> dict:
     info, device = group
     torch._dynamo.reset()
     counters.clear()
     overrides = [*TINY, "engine.kind=ddp", "engine.precision=bf16", "engine.compile=true"]
-    overrides += [f"engine.compile_mode={mode}", "train.grad_monitor_every=0", "data.prefetch_to_device=false"]
+    overrides += [f"engine.compile_mode={mode}", f"engine.compile_scope={scope}"]
+    overrides += ["train.grad_monitor_every=0", "data.prefetch_to_device=false"]
     cfg = load_recipe("demo/dino_tiny", overrides)
     step = TrainStep(cfg, info, device, lambda: SyntheticLoader(cfg, info.rank, info.world_size))
     batches = step.batches()
@@ -35,9 +37,10 @@ def train(group, mode: str) -> dict:
     return {"losses": losses, "state": state(step), "inductor": dict(counters["inductor"])}
 
 
-def test_cuda_graph_steps_train_as_the_same_compiled_step_without_them(group):
+@pytest.mark.parametrize("scope", ["blocks", "net"])
+def test_cuda_graph_steps_train_as_the_same_compiled_step_without_them(group, scope):
     require_cuda("CUDA graphs")
-    plain, graphs = train(group, "default"), train(group, "reduce-overhead")
+    plain, graphs = train(group, "default", scope), train(group, "reduce-overhead", scope)
     assert graphs["inductor"].get("cudagraph_skips", 0) == 0, graphs["inductor"]
     assert torch.isfinite(torch.tensor(graphs["losses"])).all()
     assert graphs["losses"] == pytest.approx(plain["losses"], rel=1e-2)

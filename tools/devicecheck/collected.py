@@ -15,6 +15,7 @@ SLOWEST_FIRST = {
     "test_gpu_bench_demo.py::test_demo": 57,
     "test_gpu_engines.py::test_compiled": 52,  # the compiled runs' fixture
     "test_gpu_compile.py::test_compiled_bf16": 44,
+    "test_gpu_cuda_graphs.py": 42,  # two inductor compiles of the demo DINO per case
     "test_gpu_engines.py::test_mixed": 43,
     "test_gpu_engines.py::test_fp32": 43,
     "test_gpu_checkpoint.py": 30,
