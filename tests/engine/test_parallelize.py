@@ -17,6 +17,6 @@ def test_conversions_then_checkpointing_then_compile_then_wrap(monkeypatch):
     monkeypatch.setattr(parallelize_module, "apply_compile", lambda _, *a: calls.append(("compile", *a)))
     method = SimpleNamespace(student=None, teacher=None)
     cfg = OmegaConf.create({"activation_checkpointing": "full", "ac_every_n": 1, "sync_bn": True})
-    cfg.update(compile=True, compile_backend="x", compile_mode="y")
+    cfg.update(compile=True, compile_backend="x", compile_mode="y", compile_scope="z")
     parallelize(method, cfg, resolve_precision("fp32", torch.device("cpu")), None, lambda: calls.append("wrap"))
-    assert calls == ["convert", "checkpoint", ("compile", True, "x", "y"), "wrap"]
+    assert calls == ["convert", "checkpoint", ("compile", True, "x", "y", "z"), "wrap"]
