@@ -14,7 +14,9 @@ torchtitan and DINOv3 compile (one graph per block, not the whole model).
   eagerly, so they may break: under FSDP2 with bf16 a ViT-BN block runs eagerly (seen on an H100).
 - A checkpointed block that holds a BatchNorm is not compiled: traced with its checkpoint inside, its backward saved
   the running statistics that the next crop's forward updates in place, and failed ("modified by an inplace
-  operation"; MoCo v3's ViT-BN with two crops, CvT, ResNet).
+  operation"; MoCo v3's ViT-BN with two crops, CvT, ResNet). engine.compile_scope=net compiles each net whole
+  instead, where such blocks trace with the rest and train as eager does (MoCo v3's ViT-BN under full
+  checkpointing: tests/loop/test_step_sync.py).
 """
 
 import torch

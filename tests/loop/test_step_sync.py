@@ -116,3 +116,25 @@ def test_each_step_is_one_generation_of_cuda_graph_trees(group, monkeypatch, mod
     for index in range(3):
         step(index, step.next_batch(batches)[0])
     assert len(calls) == marks
+
+
+def test_a_batchnorm_backbone_under_full_checkpointing_compiles_whole_and_trains_as_eager(group):
+    """MoCo v3's ViT-BN with full activation checkpointing: per block, its checkpointed BatchNorm blocks stay eager
+    (scale/engine/compile.py); engine.compile_scope=net compiles each net whole, BatchNorm blocks included (issue
+    44: ViT-BN-L/7 compiled whole): one graph for the student and one for the momentum encoder, no break, no
+    recompile, and the eager step's losses and weights."""
+    bn = ["model.name=vit_bn_nano", "engine.activation_checkpointing=full"]
+    runs = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        extra = ["engine.compile=true", "engine.compile_backend=aot_eager", "engine.compile_scope=net"]
+        step = build_step(group, "mocov3", "ddp", *bn, *(extra if compiled else []))
+        batches = step.batches()
+        losses = [read_record(step(i, step.next_batch(batches)[0]))["loss"] for i in range(3)]
+        runs.append((losses, {n: p.detach().clone() for n, p in step.method.student.named_parameters()}))
+        assert counters["stats"]["unique_graphs"] == (2 if compiled else 0) and not counters["graph_break"]
+    (eager_losses, eager), (compiled_losses, compiled) = runs
+    assert compiled_losses == pytest.approx(eager_losses, abs=1e-6)
+    for name, value in eager.items():
+        torch.testing.assert_close(compiled[name], value, rtol=0, atol=1e-6, msg=name)
