@@ -296,3 +296,21 @@ def test_a_stage_past_the_deadline_is_skipped_not_run(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     record = json.loads((tmp_path / "summary.json").read_text())["stages"]["env"]
     assert record == {"status": "skipped", "reason": "no time left before the deadline", "seconds": 0.0}
+
+
+def test_the_bench_summary_puts_every_setting_of_the_official_steps_batch_beside_it():
+    """The official step runs beside the first setting; the compiled and CUDA-graph settings of the same model and
+    batch get their ratio to it too (issue 44's 3x is at the same batch, crops and precision), other batches none."""
+    tool = load_tool()
+    base = {"step_s": 0.1, "world": 1, "flops_per_step": 1e12, "mfu": 0.1, "compile_s": 0.0, "peak_source": "x"}
+    rows_in = [
+        {**base, "name": "dino_vit_s16_ddp_b64", "images_per_s": 880.0},
+        {**base, "name": "dino_vit_s16_ddp_b256", "images_per_s": 1250.0},
+        {**base, "name": "dino_vit_s16_ddp_b64_compiled_reduce-overhead", "images_per_s": 1232.0},
+    ]
+    result = {"model": {"arch": "vit_small"}, "batch": 64, "crops": [(2, 224), (10, 96)], "precision": "bf16"}
+    result |= {"beside": "dino_vit_s16_ddp_b64", "images_per_s": 440.0}
+    lines = tool.bench_lines(rows_in, {"status": "ok", "result": result}, {}, "NVIDIA H200")
+    assert lines[0] == "bench on NVIDIA H200 (synthetic data, 1 device):"
+    assert "scale / official = 2.00x (goal >= 3x)" in lines[-2]
+    assert lines[-1] == "  scale / official at the same batch: dino_vit_s16_ddp_b64_compiled_reduce-overhead 2.80x"
