@@ -314,3 +314,13 @@ def test_the_bench_summary_puts_every_setting_of_the_official_steps_batch_beside
     assert lines[0] == "bench on NVIDIA H200 (synthetic data, 1 device):"
     assert "scale / official = 2.00x (goal >= 3x)" in lines[-2]
     assert lines[-1] == "  scale / official at the same batch: dino_vit_s16_ddp_b64_compiled_reduce-overhead 2.80x"
+
+
+def test_tests_deselected_by_pytest_args_are_not_called_two_gpu_tests():
+    tool = load_tool()
+    result = {"passed": 4, "failed": 0, "skipped": 1, "not_reached": [], "deselected_multigpu": 122, "failures": []}
+    result |= {"skip_reasons": {}, "slowest": []}
+    assert tool.test_lines(result)[0].endswith("(122 need 2 GPUs: not selected)")
+    assert tool.test_lines({**result, "selected_by_args": True})[0].endswith(
+        "(122 not selected: 2 GPUs or --pytest-args)"
+    )
