@@ -111,30 +111,30 @@ def compile_gain(rows: list[dict], card: str, recipe: str, precision: str, batch
         for r in rows
         if card_key(r["card"]) == card and r["setting"]["recipe"] == recipe and r["setting"]["precision"] == precision
     ]
-    by_batch: dict[int, dict[str, list[float]]] = {}
+    by_batch: dict[int, dict[tuple[str, str] | None, list[float]]] = {}  # mode (compile_mode, scope); None: eager
     for r in mine:
-        mode = "eager"
-        if r["setting"]["compile"]:
-            mode = r["setting"].get("compile_mode", "default")
-            mode += ", net scope" if r["setting"].get("compile_scope", "blocks") == "net" else ""
-        by_batch.setdefault(int(r["setting"]["batch_per_gpu"]), {}).setdefault(mode, []).append(
-            float(r["mfu_datasheet"])
+        setting = r["setting"]
+        mode = (
+            (setting.get("compile_mode", "default"), setting.get("compile_scope", "blocks"))
+            if setting["compile"]
+            else None
         )
-    both = [b for b, modes in by_batch.items() if "eager" in modes and len(modes) > 1]
+        by_batch.setdefault(int(setting["batch_per_gpu"]), {}).setdefault(mode, []).append(float(r["mfu_datasheet"]))
+    both = [b for b, modes in by_batch.items() if None in modes and len(modes) > 1]
     if not both:
         return None
     batch = min(both, key=lambda b: (abs(math.log(b / batch_per_gpu)), -b))
     modes = {mode: statistics.median(values) for mode, values in by_batch[batch].items()}
-    eager = modes.pop("eager")
-    mode, best = max(modes.items(), key=lambda kv: kv[1])
+    eager = modes.pop(None)
+    (compile_mode, scope), best = max(modes.items(), key=lambda kv: kv[1])
     if best <= eager:
         return None
-    compile_mode, _, scope = mode.partition(", ")
     overrides = "engine.compile=true" + ("" if compile_mode == "default" else f" engine.compile_mode={compile_mode}")
-    overrides += " engine.compile_scope=net" if scope else ""
+    overrides += " engine.compile_scope=net" if scope == "net" else ""
+    label = compile_mode + (", net scope" if scope == "net" else "")
     engines = sorted({r["setting"].get("engine", "?") for r in mine if int(r["setting"]["batch_per_gpu"]) == batch})
     return (
-        f"compiled ({mode} mode): {best / eager:.2f}x the eager step, measured on {mine[0]['card']} under "
+        f"compiled ({label} mode): {best / eager:.2f}x the eager step, measured on {mine[0]['card']} under "
         f"{'/'.join(engines)} at {batch} images "
         f"per GPU (MFU {best:.1%} against {eager:.1%}; scale/bench/measured.yaml); to run it, pass {overrides} to "
         f"`scale submit`"

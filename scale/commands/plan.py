@@ -204,7 +204,7 @@ def judge(cfg, recipe: str, overrides: list[str], nodes: int, gpus_per_node: int
     why = f" (engine {describe(kind, ran, world)})" if ran != kind else ""
     return Judgement(
         trace, cached, setting, own, common, per_gpu, world, gpus_per_node, gpu_mem, gpu_source, peak, mfu, note, why,
-        hint,
+        compile_hint=hint,
     )  # fmt: skip
 
 
